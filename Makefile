@@ -1,0 +1,42 @@
+# r3rag: `make demo` runs the whole pipeline on the embedded synthetic world, `make test` the test suite.
+# Both create .venv and install what they need. TORCH_SPEC pins the CPU build here; override it for GPUs.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+R3RAG := $(VENV)/bin/r3rag
+TORCH_SPEC ?= torch==2.13.0
+PIPELINE ?= pipelines/demo.yaml
+SEED ?= 0
+SET ?=
+RUN := $(R3RAG) run $(PIPELINE) --set world.seed=$(SEED) $(SET)
+STAGE_ARGS := --config $(PIPELINE) --set seed=$(SEED)
+
+.PHONY: install test test-all demo world index synthesize sft rl eval runs clean
+
+install: $(VENV)/.installed
+
+$(VENV)/.installed: pyproject.toml
+	python3 -m venv $(VENV)
+	$(PY) -m pip install -q "$(TORCH_SPEC)"
+	$(PY) -m pip install -q -e ".[dev]"
+	touch $@
+
+test: install
+	$(PY) -m pytest -q -m "not slow"
+
+test-all: install
+	$(PY) -m pytest -q
+
+demo: install
+	$(RUN)
+
+# One target per stage, each reading the pipeline's config for that stage.
+world: install
+	$(R3RAG) world --config $(PIPELINE) --set seed=$(SEED)
+index synthesize sft rl eval: install
+	$(R3RAG) $@ --config $(PIPELINE)
+
+runs: install
+	$(R3RAG) runs
+
+clean:
+	rm -rf runs

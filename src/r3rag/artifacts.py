@@ -1,0 +1,222 @@
+"""Versioned, crash-safe stage artifacts.
+
+Layout: `runs/<stage>/<name>-<hash>/` holding the stage's outputs, `config.yaml` and
+`manifest.json` (written last). Outputs are written into a hidden temp directory beside
+the final one and renamed into place only when complete, so a killed stage never leaves
+a directory that looks finished. A directory without a manifest is ignored.
+
+Usage:
+    inputs = {"world": resolve("world:latest", "world", runs_dir)}
+    writer = ArtifactWriter("index", "demo", cfg_dict, inputs, runs_dir, seed=0)
+    if writer.existing: return writer.existing          # same config + inputs: skip
+    with writer:                                         # temp dir removed on error
+        (writer.dir / "index").mkdir(); ...
+        writer.metrics["docs"] = n
+    ref = writer.ref                                     # the committed artifact
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import platform
+import shutil
+import subprocess
+import time
+from dataclasses import dataclass
+from importlib import metadata
+from pathlib import Path
+
+import yaml
+
+from r3rag import __version__
+from r3rag.errors import UserError
+
+SCHEMA_VERSION = 1
+MANIFEST = "manifest.json"
+LIBRARIES = ("torch", "transformers", "trl", "peft", "accelerate", "bm25s", "tokenizers", "numpy")
+
+
+@dataclass
+class ArtifactRef:
+    stage: str
+    id: str
+    path: Path
+    manifest: dict
+
+    @property
+    def content_hash(self) -> str:
+        return self.manifest["content_hash"]
+
+    def as_input(self) -> dict:
+        return {"id": self.id, "stage": self.stage, "path": str(self.path), "content_hash": self.content_hash}
+
+
+def default_runs_dir() -> Path:
+    return Path(os.environ.get("R3RAG_RUNS", "runs"))
+
+
+def config_hash(stage: str, config: dict, inputs: dict[str, ArtifactRef]) -> str:
+    payload = {
+        "stage": stage,
+        "config": config,
+        "inputs": {k: v.content_hash for k, v in sorted(inputs.items())},
+    }
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def hash_tree(root: Path) -> tuple[str, dict]:
+    """sha256 of every file under root (except the manifest), and one hash over them all."""
+    files = {}
+    for p in sorted(root.rglob("*")):
+        if p.is_file() and p.name != MANIFEST:
+            rel = p.relative_to(root).as_posix()
+            files[rel] = {"sha256": _file_sha256(p), "bytes": p.stat().st_size}
+    total = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
+    return total, files
+
+
+def _file_sha256(path: Path) -> str:
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for chunk in iter(lambda: f.read(1 << 20), b""):
+            h.update(chunk)
+    return h.hexdigest()
+
+
+def load_manifest(path: Path) -> dict | None:
+    try:
+        return json.loads((path / MANIFEST).read_text())
+    except (OSError, json.JSONDecodeError):
+        return None
+
+
+def list_artifacts(runs_dir: Path, stage: str | None = None) -> list[ArtifactRef]:
+    """Complete artifacts (with a readable manifest), oldest first."""
+    refs = []
+    stages = [runs_dir / stage] if stage else sorted(p for p in runs_dir.glob("*") if p.is_dir())
+    for sdir in stages:
+        for d in sdir.glob("*") if sdir.is_dir() else []:
+            if d.name.startswith(".") or not d.is_dir():
+                continue
+            m = load_manifest(d)
+            if m and m.get("stage") == sdir.name:
+                refs.append(ArtifactRef(sdir.name, d.name, d, m))
+    return sorted(refs, key=lambda r: (r.manifest.get("finished_at", 0), r.id))
+
+
+def resolve(ref: str, stage: str, runs_dir: Path | None = None, verify: bool = True) -> ArtifactRef:
+    """Resolve `stage:latest`, `stage:<id>` or a directory path to a complete artifact."""
+    runs_dir = runs_dir or default_runs_dir()
+    if ":" in ref and not Path(ref).exists():
+        want, _, which = ref.partition(":")
+        if want != stage:
+            raise UserError(f"input {ref!r}: expected a {stage!r} artifact")
+        found = list_artifacts(runs_dir, stage)
+        if which == "latest":
+            if not found:
+                raise UserError(f"input {ref!r}: no complete {stage} artifact in {runs_dir}/{stage} (run `r3rag {stage}` first)")
+            art = found[-1]
+        else:
+            matches = [a for a in found if a.id == which or a.id.endswith(which)]
+            if not matches:
+                raise UserError(f"input {ref!r}: no {stage} artifact with id {which!r} in {runs_dir}/{stage}")
+            art = matches[-1]
+    else:
+        path = Path(ref)
+        if not path.is_dir():
+            raise UserError(f"input {ref!r}: artifact directory not found")
+        m = load_manifest(path)
+        if m is None:
+            raise UserError(f"input {ref!r}: no manifest.json (incomplete or not an artifact)")
+        if m.get("stage") != stage:
+            raise UserError(f"input {ref!r}: is a {m.get('stage')!r} artifact, expected {stage!r}")
+        art = ArtifactRef(stage, path.name, path, m)
+    if verify:
+        actual, _ = hash_tree(art.path)
+        if actual != art.content_hash:
+            raise UserError(f"input {art.path}: content hash does not match its manifest (files changed after it was written)")
+    return art
+
+
+class ArtifactWriter:
+    """Write a stage's outputs into a temp dir; `commit` (on clean exit) renames it into place."""
+
+    def __init__(self, stage: str, name: str, config: dict, inputs: dict[str, ArtifactRef],
+                 runs_dir: Path | None = None, seed: int | None = None):
+        self.stage, self.config, self.inputs, self.seed = stage, config, inputs, seed
+        self.runs_dir = Path(runs_dir or default_runs_dir())
+        self.hash = config_hash(stage, config, inputs)
+        self.id = f"{name}-{self.hash[:10]}"
+        self.final = self.runs_dir / stage / self.id
+        self.dir = self.runs_dir / stage / f".tmp-{self.id}-{os.getpid()}"
+        self.metrics: dict = {}
+        self.extra: dict = {}
+        self.ref: ArtifactRef | None = None
+        m = load_manifest(self.final) if self.final.is_dir() else None
+        self.existing = ArtifactRef(stage, self.id, self.final, m) if m else None
+
+    def __enter__(self):
+        if self.dir.exists():
+            shutil.rmtree(self.dir)
+        self.dir.mkdir(parents=True)
+        self.started = time.time()
+        return self
+
+    def __exit__(self, exc_type, exc, tb):
+        if exc_type is None:
+            self.commit()
+        shutil.rmtree(self.dir, ignore_errors=True)
+        return False
+
+    def commit(self) -> ArtifactRef:
+        (self.dir / "config.yaml").write_text(yaml.safe_dump(self.config, sort_keys=False))
+        content_hash, files = hash_tree(self.dir)
+        finished = time.time()
+        manifest = {
+            "schema_version": SCHEMA_VERSION,
+            "stage": self.stage,
+            "id": self.id,
+            "config_hash": self.hash,
+            "config": self.config,
+            "inputs": {k: v.as_input() for k, v in self.inputs.items()},
+            "outputs": files,
+            "content_hash": content_hash,
+            "metrics": self.metrics,
+            **self.extra,
+            "seed": self.seed,
+            "code_version": code_version(),
+            "libraries": library_versions(),
+            "python": platform.python_version(),
+            "started_at": self.started,
+            "finished_at": finished,
+            "seconds": round(finished - self.started, 2),
+        }
+        tmp_manifest = self.dir / (MANIFEST + ".part")
+        tmp_manifest.write_text(json.dumps(manifest, indent=2, default=str))
+        os.replace(tmp_manifest, self.dir / MANIFEST)
+        if self.final.exists():  # an incomplete leftover with the same id
+            shutil.rmtree(self.final)
+        os.replace(self.dir, self.final)
+        self.ref = ArtifactRef(self.stage, self.id, self.final, manifest)
+        return self.ref
+
+
+def library_versions() -> dict:
+    out = {}
+    for lib in LIBRARIES:
+        try:
+            out[lib] = metadata.version(lib)
+        except metadata.PackageNotFoundError:
+            pass
+    return out
+
+
+def code_version() -> str:
+    try:
+        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
+                             capture_output=True, text=True, timeout=5).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        sha = ""
+    return f"{__version__}+{sha}" if sha else __version__

@@ -1,0 +1,109 @@
+"""The `r3rag` command line: one subcommand per stage, plus `run` (a whole pipeline) and `runs`.
+
+Usage:
+    r3rag world --seed 7
+    r3rag sft --config pipelines/demo.yaml --set epochs=2
+    r3rag run pipelines/demo.yaml --set world.seed=7
+    r3rag runs
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from r3rag.errors import UserError
+
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+
+app = typer.Typer(help="Train language models to reason and retrieve step by step.", no_args_is_help=True,
+                  pretty_exceptions_enable=False, add_completion=False)
+
+ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="Pipeline YAML; this stage's section is used.")]
+SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override a config key: KEY=VALUE (repeatable).")]
+SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Shortcut for --set seed=N.")]
+RunsOpt = Annotated[Optional[Path], typer.Option("--runs-dir", help="Where artifacts live (default: runs/ or $R3RAG_RUNS).")]
+DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks.")]
+
+
+def _guard(fn, debug: bool):
+    """Run a command; user errors become one line on stderr and exit code 2."""
+    from rich.console import Console
+
+    try:
+        return fn()
+    except UserError as e:
+        if debug:
+            raise
+        Console(stderr=True).print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from None
+    except KeyboardInterrupt:
+        Console(stderr=True).print("[yellow]interrupted[/yellow]: nothing incomplete was published")
+        raise typer.Exit(130) from None
+
+
+def _stage_command(stage: str):
+    def command(config: ConfigOpt = None, set_: SetOpt = None, seed: SeedOpt = None,
+                runs_dir: RunsOpt = None, debug: DebugOpt = False):
+        def go():
+            from r3rag.pipeline import run_stage
+
+            overrides = list(set_ or []) + ([f"seed={seed}"] if seed is not None else [])
+            ref = run_stage(stage, config, overrides, runs_dir)
+            print(ref.path)
+
+        _guard(go, debug)
+
+    import importlib
+
+    module = importlib.import_module(f"r3rag.stages.{stage}")
+    command.__doc__ = module.__doc__
+    return command
+
+
+for _stage in ("world", "index", "synthesize", "sft", "rl", "eval"):
+    app.command(_stage, help=None)(_stage_command(_stage))
+
+
+@app.command("run")
+def run_cmd(pipeline: Annotated[Path, typer.Argument(help="Pipeline YAML (e.g. pipelines/demo.yaml).")],
+            set_: SetOpt = None, runs_dir: RunsOpt = None, debug: DebugOpt = False):
+    """Run a pipeline's stages in order, reusing any artifact that already exists for the same config and inputs.
+
+    Overrides name the stage: --set world.seed=7 --set sft.epochs=2. The last line printed is
+    the path of the final artifact.
+    """
+
+    def go():
+        from r3rag.pipeline import run_pipeline
+
+        ref = run_pipeline(pipeline, list(set_ or []), runs_dir)
+        print(ref.path)
+
+    _guard(go, debug)
+
+
+@app.command("runs")
+def runs_cmd(stage: Annotated[Optional[str], typer.Argument(help="Only this stage.")] = None,
+             runs_dir: RunsOpt = None, debug: DebugOpt = False):
+    """List complete artifacts (incomplete directories have no manifest and are not shown)."""
+
+    def go():
+        from r3rag.pipeline import list_runs
+
+        list_runs(stage, runs_dir)
+
+    _guard(go, debug)
+
+
+def main() -> None:
+    app()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,150 @@
+"""Typed stage configs from YAML, overridable on the command line.
+
+Usage:
+    cfg = build_config(WorldConfig, section=yaml_dict.get("world", {}), overrides=["seed=7"],
+                       where="pipelines/demo.yaml: world")
+
+Every stage declares a dataclass; unknown keys and wrong types are `UserError`s that
+name the key and where it came from. Override values are parsed as YAML scalars
+(`--set lr=1e-4`, `--set layers=[q_proj,v_proj]`).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import types
+import typing
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from r3rag.errors import UserError
+
+
+def load_yaml(path: str | Path) -> dict:
+    """Read a YAML mapping, with errors naming the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: config file not found")
+    try:
+        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not UTF-8 text") from None
+    except yaml.YAMLError as e:
+        mark = getattr(e, "problem_mark", None)
+        line = f" line {mark.line + 1}" if mark else ""
+        raise UserError(f"{path}:{line} invalid YAML: {getattr(e, 'problem', e)}") from None
+    if data is None:
+        return {}
+    if not isinstance(data, dict):
+        raise UserError(f"{path}: expected a mapping at the top level, got {type(data).__name__}")
+    return data
+
+
+def parse_overrides(overrides: list[str] | None) -> dict[str, Any]:
+    """Turn ["a.b=1", "c=x"] into {"a.b": 1, "c": "x"} (values parsed as YAML)."""
+    out: dict[str, Any] = {}
+    for item in overrides or []:
+        key, sep, raw = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--set {item!r}: expected key=value")
+        try:
+            out[key.strip()] = yaml.safe_load(raw) if raw.strip() else ""
+        except yaml.YAMLError:
+            out[key.strip()] = raw
+    return out
+
+
+def apply_overrides(section: dict, overrides: dict[str, Any]) -> dict:
+    """Return a copy of `section` with dotted keys set (nested dicts created as needed)."""
+    merged = _deep_copy(section)
+    for dotted, value in overrides.items():
+        node = merged
+        *parents, leaf = dotted.split(".")
+        for p in parents:
+            node = node.setdefault(p, {})
+            if not isinstance(node, dict):
+                raise UserError(f"--set {dotted}: {p!r} is not a section")
+        node[leaf] = value
+    return merged
+
+
+def build_config(cls, section: dict | None, overrides: dict[str, Any] | None = None, where: str = "config"):
+    """Instantiate dataclass `cls` from a mapping, rejecting unknown keys and wrong types."""
+    data = apply_overrides(section or {}, overrides or {})
+    return _from_dict(cls, data, where)
+
+
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def _from_dict(cls, data: Any, where: str):
+    if not isinstance(data, dict):
+        raise UserError(f"{where}: expected a mapping, got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    unknown = sorted(set(data) - set(fields))
+    if unknown:
+        raise UserError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(fields))})")
+    hints = typing.get_type_hints(cls)
+    kwargs = {k: _coerce(hints[k], v, f"{where}.{k}") for k, v in data.items()}
+    return cls(**kwargs)
+
+
+def _coerce(tp, value: Any, where: str):
+    origin = typing.get_origin(tp)
+    if origin in (typing.Union, types.UnionType):
+        args = typing.get_args(tp)
+        if value is None and type(None) in args:
+            return None
+        errors = []
+        for arg in (a for a in args if a is not type(None)):
+            try:
+                return _coerce(arg, value, where)
+            except UserError as e:
+                errors.append(str(e))
+        raise UserError(errors[0])
+    if dataclasses.is_dataclass(tp):
+        return _from_dict(tp, value, where)
+    if tp is Any:
+        return value
+    if origin in (list, tuple):
+        if not isinstance(value, (list, tuple)):
+            raise UserError(f"{where}: expected a list, got {value!r}")
+        (item_tp, *_) = typing.get_args(tp) or (Any,)
+        return [_coerce(item_tp, v, f"{where}[{i}]") for i, v in enumerate(value)]
+    if origin is dict or tp is dict:
+        if not isinstance(value, dict):
+            raise UserError(f"{where}: expected a mapping, got {value!r}")
+        return dict(value)
+    if tp is bool:
+        if isinstance(value, bool):
+            return value
+        raise UserError(f"{where}: expected true/false, got {value!r}")
+    if tp is int:
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+        raise UserError(f"{where}: expected an integer, got {value!r}")
+    if tp is float:
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            return float(value)
+        if isinstance(value, str):  # YAML reads 1e-4 as a string
+            try:
+                return float(value)
+            except ValueError:
+                pass
+        raise UserError(f"{where}: expected a number, got {value!r}")
+    if tp is str:
+        if isinstance(value, (str, int, float)) and not isinstance(value, bool):
+            return str(value)
+        raise UserError(f"{where}: expected a string, got {value!r}")
+    if typing.get_origin(tp) is typing.Literal:
+        if value in typing.get_args(tp):
+            return value
+        raise UserError(f"{where}: expected one of {list(typing.get_args(tp))}, got {value!r}")
+    return value
+
+
+def _deep_copy(d: dict) -> dict:
+    return {k: _deep_copy(v) if isinstance(v, dict) else v for k, v in d.items()}

@@ -1,0 +1,186 @@
+"""The rollout environment: one batched multi-turn loop for synthesis, RL and evaluation.
+
+For a batch of questions, keep the unfinished trajectories; each turn make ONE batched
+generate call (stopping at `</search>` / `</answer>`), parse every turn with the protocol,
+send ALL new queries to the retriever in ONE batched call, append the documents as an
+environment turn, and repeat until every trajectory has an answer or hits a limit.
+
+Every turn keeps its own token ids, so the completion ids and the loss mask are joined
+per turn, never re-tokenised from joined text.
+
+Usage:
+    trajs = run_rollouts(examples, generator, retriever, protocol, EnvConfig(top_k=3), tokenizer)
+    ids, mask = trajs[0].completion()      # mask: 1 = model token, 0 = environment token
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass, field
+from typing import Literal, Protocol as TypingProtocol
+
+from r3rag.protocol import Protocol, Step
+
+FinishReason = Literal["answer", "max_turns", "length", "invalid"]
+
+
+@dataclass
+class Turn:
+    role: Literal["model", "env"]
+    text: str
+    ids: list[int] | None = None
+
+
+@dataclass
+class Trajectory:
+    id: str
+    question: str
+    prompt: str
+    prompt_ids: list[int] | None = None
+    turns: list[Turn] = field(default_factory=list)
+    steps: list[dict] = field(default_factory=list)
+    retrieved: list[list[str]] = field(default_factory=list)
+    answer: str | None = None
+    finish_reason: FinishReason | None = None
+
+    @property
+    def done(self) -> bool:
+        return self.finish_reason is not None
+
+    @property
+    def queries(self) -> list[str]:
+        return [s["query"] for s in self.steps if s["kind"] == "search"]
+
+    def model_turn_count(self) -> int:
+        return sum(t.role == "model" for t in self.turns)
+
+    def context_ids(self) -> list[int]:
+        ids = list(self.prompt_ids or [])
+        for t in self.turns:
+            ids.extend(t.ids or [])
+        return ids
+
+    def completion(self) -> tuple[list[int], list[int]]:
+        """Joined completion ids and the mask: 1 on model tokens, 0 on environment tokens."""
+        return join_turns(self.turns)
+
+    def completion_length(self) -> int:
+        return sum(len(t.ids or []) for t in self.turns)
+
+    def to_json(self) -> dict:
+        d = asdict(self)
+        for t in d["turns"]:
+            t.pop("ids")
+        d.pop("prompt_ids")
+        return d
+
+    @classmethod
+    def from_json(cls, d: dict) -> "Trajectory":
+        """Rebuild from `to_json` output; extra keys (gold answers, metadata...) are ignored."""
+        known = {f for f in cls.__dataclass_fields__ if f != "turns"}
+        kept = {k: v for k, v in d.items() if k in known}
+        return cls(**kept, turns=[Turn(t["role"], t["text"]) for t in d["turns"]])
+
+
+def join_turns(turns: list[Turn]) -> tuple[list[int], list[int]]:
+    """The one span rule shared by SFT labels and the GRPO env_mask."""
+    ids: list[int] = []
+    mask: list[int] = []
+    for t in turns:
+        if t.ids is None:
+            raise ValueError("turn has no token ids (tokenize the trajectory first)")
+        ids.extend(t.ids)
+        mask.extend([1 if t.role == "model" else 0] * len(t.ids))
+    return ids, mask
+
+
+@dataclass
+class Generated:
+    text: str
+    ids: list[int] | None = None
+    finish: Literal["stop", "eos", "length"] = "stop"
+
+
+class Generator(TypingProtocol):
+    def generate(self, contexts: list[Trajectory], stop: tuple[str, ...], max_new_tokens: int) -> list[Generated]: ...
+
+
+class Retriever(TypingProtocol):
+    def search(self, queries: list[str], k: int) -> list: ...
+
+
+@dataclass
+class EnvConfig:
+    mode: Literal["iterative", "direct", "rag"] = "iterative"
+    max_turns: int = 6
+    top_k: int = 3
+    max_new_tokens: int = 64
+    max_completion_tokens: int = 1024
+
+
+def _encode(tokenizer, text: str) -> list[int] | None:
+    return None if tokenizer is None else tokenizer.encode(text, add_special_tokens=False)
+
+
+def new_trajectory(example: dict, protocol: Protocol, tokenizer=None) -> Trajectory:
+    prompt = protocol.prompt(example["question"])
+    return Trajectory(id=str(example["id"]), question=example["question"], prompt=prompt,
+                      prompt_ids=_encode(tokenizer, prompt))
+
+
+def add_env_turn(traj: Trajectory, text: str, tokenizer=None) -> None:
+    traj.turns.append(Turn("env", text, _encode(tokenizer, text)))
+
+
+def run_rollouts(examples: list[dict], generator: Generator, retriever: Retriever | None, protocol: Protocol,
+                 cfg: EnvConfig, tokenizer=None, on_turn=None) -> list[Trajectory]:
+    """Run the batched loop to completion; `on_turn(n_done, n_total)` reports progress."""
+    trajs = [new_trajectory(ex, protocol, tokenizer) for ex in examples]
+    if cfg.mode == "rag":
+        hits = retriever.search([t.question for t in trajs], cfg.top_k)
+        for t, h in zip(trajs, hits):
+            t.retrieved.append([x.doc_id for x in h])
+            add_env_turn(t, protocol.render_docs(h), tokenizer)
+    prefill = protocol.answer_prefill() if cfg.mode in ("direct", "rag") else ""
+    for turn_no in range(cfg.max_turns):
+        active = [t for t in trajs if not t.done]
+        if not active:
+            break
+        if prefill:
+            for t in active:
+                add_env_turn(t, prefill, tokenizer)
+        outs = generator.generate(active, protocol.stop_strings(), cfg.max_new_tokens)
+        searching = []
+        for t, out in zip(active, outs):
+            t.turns.append(Turn("model", out.text, out.ids))
+            step = protocol.parse_step(prefill + out.text)
+            t.steps.append(_step_record(step))
+            _finish_or_continue(t, step, out, turn_no, cfg, searching)
+        if searching:
+            hits = retriever.search([t.steps[-1]["query"] for t in searching], cfg.top_k)
+            for t, h in zip(searching, hits):
+                t.retrieved.append([x.doc_id for x in h])
+                add_env_turn(t, protocol.render_docs(h), tokenizer)
+                if tokenizer is not None and t.completion_length() > cfg.max_completion_tokens:
+                    t.finish_reason = "length"
+        if on_turn:
+            on_turn(sum(t.done for t in trajs), len(trajs))
+    for t in trajs:
+        if not t.done:
+            t.finish_reason = "max_turns"
+    return trajs
+
+
+def _step_record(step: Step) -> dict:
+    return {"kind": step.kind, "query": step.query, "answer": step.answer, "reason": step.reason}
+
+
+def _finish_or_continue(t: Trajectory, step: Step, out: Generated, turn_no: int, cfg: EnvConfig,
+                        searching: list) -> None:
+    if step.kind == "answer":
+        t.answer, t.finish_reason = step.answer, "answer"
+    elif step.kind == "invalid":
+        t.finish_reason = "length" if out.finish == "length" else "invalid"
+    elif turn_no == cfg.max_turns - 1 or cfg.mode != "iterative":
+        t.finish_reason = "max_turns"
+    else:
+        searching.append(t)

@@ -1,0 +1,6 @@
+"""Generation backends behind one small interface (see `r3rag.env.Generator`).
+
+- `HFGenerator`: a local transformers model, batched, left-padded, stopping per row on
+  the protocol's stop strings.
+- `ScriptedGenerator`: replays fixed texts (tests) or follows a script function (the oracle teacher).
+"""

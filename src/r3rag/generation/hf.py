@@ -1,0 +1,76 @@
+"""Batched generation with a local transformers model, stopping each row at a stop string.
+
+Usage:
+    gen = HFGenerator(model, tokenizer, batch_size=64, temperature=0.0)
+    outs = gen.generate(trajectories, stop=("</search>", "</answer>"), max_new_tokens=64)
+"""
+
+from __future__ import annotations
+
+import torch
+from transformers import StoppingCriteria, StoppingCriteriaList
+
+from r3rag.env import Generated, Trajectory
+
+_WINDOW = 8  # tokens decoded to look for a stop string; stop strings are shorter than this
+
+
+class _StopOnStrings(StoppingCriteria):
+    """Per-row stop: the generated tail (never the context) contains a stop string."""
+
+    def __init__(self, tokenizer, stops: tuple[str, ...], start: int):
+        self.tokenizer, self.stops, self.start = tokenizer, stops, start
+
+    def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        lo = max(self.start, input_ids.shape[1] - _WINDOW)
+        tails = self.tokenizer.batch_decode(input_ids[:, lo:], skip_special_tokens=False)
+        return torch.tensor([any(s in t for s in self.stops) for t in tails], device=input_ids.device)
+
+
+class HFGenerator:
+    def __init__(self, model, tokenizer, batch_size: int = 64, temperature: float = 0.0, top_p: float = 1.0):
+        self.model, self.tokenizer = model, tokenizer
+        self.batch_size, self.temperature, self.top_p = batch_size, temperature, top_p
+        self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+
+    def generate(self, contexts: list[Trajectory], stop: tuple[str, ...], max_new_tokens: int) -> list[Generated]:
+        seqs = [c.context_ids() for c in contexts]
+        # Similar lengths together: less padding per batch.
+        order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
+        results: list[Generated | None] = [None] * len(seqs)
+        for lo in range(0, len(order), self.batch_size):
+            chunk = order[lo: lo + self.batch_size]
+            for i, g in zip(chunk, self._generate_batch([seqs[i] for i in chunk], stop, max_new_tokens)):
+                results[i] = g
+        return results  # type: ignore[return-value]
+
+    @torch.no_grad()
+    def _generate_batch(self, seqs: list[list[int]], stop: tuple[str, ...], max_new_tokens: int) -> list[Generated]:
+        width = max(len(s) for s in seqs)
+        device = self.model.device
+        input_ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        attention = torch.zeros((len(seqs), width), dtype=torch.long)
+        for r, s in enumerate(seqs):  # left padding, so every row continues at the same position
+            input_ids[r, width - len(s):] = torch.tensor(s, dtype=torch.long)
+            attention[r, width - len(s):] = 1
+        sample = self.temperature > 0
+        out = self.model.generate(
+            input_ids=input_ids.to(device), attention_mask=attention.to(device),
+            max_new_tokens=max_new_tokens, do_sample=sample,
+            temperature=self.temperature if sample else None, top_p=self.top_p if sample else None,
+            top_k=None, pad_token_id=self.pad_id, eos_token_id=self.tokenizer.eos_token_id,
+            stopping_criteria=StoppingCriteriaList([_StopOnStrings(self.tokenizer, stop, width)]),
+        )
+        return [self._cut(row[width:].tolist(), stop, max_new_tokens) for row in out]
+
+    def _cut(self, gen: list[int], stop: tuple[str, ...], max_new_tokens: int) -> Generated:
+        eos = self.tokenizer.eos_token_id
+        for j, tok in enumerate(gen):
+            if tok == eos:
+                return Generated(self.tokenizer.decode(gen[:j], skip_special_tokens=True), gen[:j], "eos")
+            tail = self.tokenizer.decode(gen[max(0, j - _WINDOW + 1): j + 1], skip_special_tokens=False)
+            if any(s in tail for s in stop):
+                kept = gen[: j + 1]
+                return Generated(self.tokenizer.decode(kept, skip_special_tokens=True), kept, "stop")
+        gen = [t for t in gen if t != self.pad_id] if self.pad_id != eos else gen
+        return Generated(self.tokenizer.decode(gen, skip_special_tokens=True), gen, "length")

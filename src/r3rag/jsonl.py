@@ -1,0 +1,54 @@
+"""JSONL reading and writing with errors that name the file and line.
+
+Usage:
+    rows = read_jsonl(path, required=("id", "question"))
+    write_jsonl(path, rows)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Iterable, Iterator
+
+from r3rag.errors import UserError
+
+
+def iter_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> Iterator[dict]:
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: file not found")
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                raise UserError(f"{path}:{lineno}: not valid UTF-8") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError as e:
+                raise UserError(f"{path}:{lineno}: malformed JSON ({e.msg})") from None
+            if not isinstance(row, dict):
+                raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
+            missing = [k for k in required if k not in row]
+            if missing:
+                raise UserError(f"{path}:{lineno}: missing required field {missing[0]!r}")
+            yield row
+
+
+def read_jsonl(path: str | Path, required: tuple[str, ...] = (), allow_empty: bool = False) -> list[dict]:
+    rows = list(iter_jsonl(path, required))
+    if not rows and not allow_empty:
+        raise UserError(f"{path}: file is empty")
+    return rows
+
+
+def write_jsonl(path: str | Path, rows: Iterable[dict]) -> int:
+    n = 0
+    with open(path, "w", encoding="utf-8") as f:
+        for row in rows:
+            f.write(json.dumps(row, ensure_ascii=False) + "\n")
+            n += 1
+    return n

@@ -1,0 +1,107 @@
+"""Running stages and pipelines from YAML.
+
+A pipeline YAML has a top-level `name`, an optional `stages` list (default: every stage
+section present, in pipeline order) and one section per stage. Within `run`, an input
+written as `<stage>:latest` is bound to the artifact that stage produced in this run.
+
+Usage:
+    run_stage("sft", Path("pipelines/demo.yaml"), ["epochs=2"], runs_dir=None)
+    run_pipeline(Path("pipelines/demo.yaml"), ["world.seed=7"])
+"""
+
+from __future__ import annotations
+
+import importlib
+import time
+from datetime import datetime
+from pathlib import Path
+
+from rich.table import Table
+
+from r3rag.artifacts import ArtifactRef, default_runs_dir, list_artifacts
+from r3rag.config import build_config, load_yaml, parse_overrides
+from r3rag.errors import UserError
+from r3rag.stages import STAGE_ORDER
+from r3rag.stages.common import Context
+
+TOP_LEVEL = {"name", "stages", *STAGE_ORDER}
+
+
+def _stage_module(stage: str):
+    return importlib.import_module(f"r3rag.stages.{stage}")
+
+
+def _load_pipeline(path: Path | None) -> dict:
+    data = load_yaml(path) if path else {}
+    unknown = sorted(set(data) - TOP_LEVEL)
+    if unknown:
+        raise UserError(f"{path}: unknown top-level key {unknown[0]!r} (known: {', '.join(sorted(TOP_LEVEL))})")
+    return data
+
+
+def _section(data: dict, stage: str, path) -> dict:
+    section = dict(data.get(stage) or {})
+    if not isinstance(data.get(stage) or {}, dict):
+        raise UserError(f"{path}: section {stage!r} must be a mapping")
+    if "name" in data and "name" not in section:
+        section["name"] = data["name"]
+    return section
+
+
+def run_stage(stage: str, config_path: Path | None, overrides: list[str], runs_dir: Path | None,
+              bound: dict[str, ArtifactRef] | None = None, data: dict | None = None) -> ArtifactRef:
+    module = _stage_module(stage)
+    data = data if data is not None else _load_pipeline(config_path)
+    section = _section(data, stage, config_path)
+    for field, src in module.INPUTS.items():  # bind "<stage>:latest" to this run's artifact
+        if bound and src in bound and section.get(field, f"{src}:latest") == f"{src}:latest":
+            section[field] = str(bound[src].path)
+    where = f"{config_path}: {stage}" if config_path else stage
+    cfg = build_config(module.Config, section, parse_overrides(overrides), where=where)
+    ctx = Context(runs_dir=Path(runs_dir) if runs_dir else default_runs_dir())
+    return module.run(cfg, ctx)
+
+
+def run_pipeline(path: Path, overrides: list[str], runs_dir: Path | None) -> ArtifactRef:
+    data = _load_pipeline(path)
+    stages = data.get("stages") or [s for s in STAGE_ORDER if s in data]
+    bad = [s for s in stages if s not in STAGE_ORDER]
+    if bad:
+        raise UserError(f"{path}: unknown stage {bad[0]!r} in stages (known: {', '.join(STAGE_ORDER)})")
+    parsed = parse_overrides(overrides)
+    for key in parsed:
+        if key.split(".")[0] not in stages:
+            raise UserError(f"--set {key}: expected <stage>.<key> with a stage of this pipeline ({', '.join(stages)})")
+    bound: dict[str, ArtifactRef] = {}
+    ref = None
+    for stage in stages:
+        stage_over = [f"{k.split('.', 1)[1]}={v}" for k, v in _raw_overrides(overrides) if k.split(".")[0] == stage]
+        t0 = time.time()
+        ref = run_stage(stage, path, stage_over, runs_dir, bound=bound, data=data)
+        bound[stage] = ref
+    return ref
+
+
+def _raw_overrides(overrides: list[str]):
+    for item in overrides:
+        key, _, value = item.partition("=")
+        if "." not in key:
+            raise UserError(f"--set {item!r}: in a pipeline, name the stage: <stage>.<key>=value")
+        yield key.strip(), value
+
+
+def list_runs(stage: str | None, runs_dir: Path | None) -> None:
+    from rich.console import Console
+
+    runs_dir = Path(runs_dir) if runs_dir else default_runs_dir()
+    if stage and stage not in STAGE_ORDER:
+        raise UserError(f"unknown stage {stage!r} (known: {', '.join(STAGE_ORDER)})")
+    table = Table(title=f"artifacts in {runs_dir}")
+    for col in ("stage", "id", "finished", "seconds", "key metrics"):
+        table.add_column(col)
+    for ref in list_artifacts(runs_dir, stage):
+        m = ref.manifest
+        metrics = ", ".join(f"{k}={v}" for k, v in m.get("metrics", {}).items() if isinstance(v, (int, float)))[:80]
+        when = datetime.fromtimestamp(m.get("finished_at", 0)).strftime("%Y-%m-%d %H:%M")
+        table.add_row(ref.stage, ref.id, when, str(m.get("seconds", "")), metrics)
+    Console().print(table)

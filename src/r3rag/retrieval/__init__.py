@@ -1,0 +1,28 @@
+"""Retrieval backends behind one interface: `search(queries, k) -> list[list[Hit]]`, always batched.
+
+Usage:
+    retriever = load_retriever(index_dir)        # reads index_dir/settings.json
+    hits = retriever.search(["Ava Smith works"], k=3)
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from r3rag.errors import UserError
+
+
+def load_retriever(index_dir: str | Path):
+    index_dir = Path(index_dir)
+    settings_path = index_dir / "settings.json"
+    if not settings_path.is_file():
+        raise UserError(f"{index_dir}: not an index (no settings.json)")
+    backend = json.loads(settings_path.read_text())["backend"]
+    match backend:
+        case "bm25":
+            from r3rag.retrieval.bm25 import BM25Retriever
+
+            return BM25Retriever.load(index_dir)
+        case _:
+            raise UserError(f"{settings_path}: unknown retrieval backend {backend!r}")

@@ -1,0 +1,121 @@
+"""`r3rag sft`: supervised cold start on teacher trajectories with TRL's SFTTrainer.
+
+The loss covers only what the model writes: the prompt and every `<information>` span
+(environment turns) get label -100. Start from a tiny model built from a config with a
+word-level tokenizer trained on the world (`model: tiny`), or from any transformers model
+id/path with LoRA (`model: Qwen/Qwen2.5-3B`, `lora: true`). The policy is saved merged.
+
+Usage:
+    r3rag sft --set epochs=3 --set lr=3e-3
+    r3rag sft --set model=/models/Qwen2.5-0.5B --set lora=true --set lr=1e-4
+"""
+
+from __future__ import annotations
+
+import json
+import random
+import shutil
+import time
+from dataclasses import dataclass, field
+
+from r3rag.errors import UserError
+from r3rag.jsonl import read_jsonl
+from r3rag.stages.common import Context, resolve_inputs, set_threads
+from r3rag.training import LoraSettings, save_policy, tokenize_trajectory
+
+INPUTS = {"data": "synthesize", "world": "world"}
+
+
+@dataclass
+class Config:
+    name: str = "default"
+    data: str = "synthesize:latest"
+    world: str = "world:latest"  # the tiny model's tokenizer vocabulary; "" for pretrained models
+    model: str = "tiny"
+    arch: str = "llama"
+    layers: int = 4
+    hidden: int = 128
+    heads: int = 4
+    intermediate: int = 512
+    lora: bool = False
+    lora_settings: LoraSettings = field(default_factory=LoraSettings)
+    epochs: float = 3.0
+    lr: float = 3e-3
+    batch_size: int = 64
+    grad_accum: int = 1
+    warmup_ratio: float = 0.03
+    weight_decay: float = 0.0
+    max_length: int = 1024
+    limit: int = 0  # 0 = all trajectories
+    bf16: str = "auto"
+    threads: int = 0
+    seed: int = 0
+
+
+def run(cfg: Config, ctx: Context):
+    fields = {k: v for k, v in INPUTS.items() if getattr(cfg, k)}
+    inputs = resolve_inputs(cfg, fields, ctx)
+    writer = ctx.writer("sft", cfg, inputs, INPUTS)
+    if writer.existing:
+        return ctx.skipped(writer)
+    set_threads(cfg.threads)
+    rows = read_jsonl(inputs["data"].path / "trajectories.jsonl", required=("prompt", "turns"))
+    random.Random(cfg.seed).shuffle(rows)
+    rows = rows[: cfg.limit] if cfg.limit else rows
+    protocol = json.loads((inputs["data"].path / "protocol.json").read_text())
+    model, tokenizer = _base_model(cfg, inputs, rows)
+    with writer:
+        t0 = time.time()
+        stats = train_sft(model, tokenizer, rows, cfg, writer.dir / "checkpoints", ctx)
+        save_policy(stats.pop("model"), tokenizer, writer.dir, protocol, cfg.model)
+        shutil.rmtree(writer.dir / "checkpoints", ignore_errors=True)
+        writer.metrics.update({**stats, "train_seconds": round(time.time() - t0, 1), "trajectories": len(rows)})
+    return ctx.done(writer)
+
+
+def _base_model(cfg: Config, inputs, rows):
+    from r3rag import modeling
+
+    if cfg.model == "tiny":
+        if "world" not in inputs:
+            raise UserError("sft: model=tiny needs a world artifact (world: world:latest) for its vocabulary")
+        vocab = (inputs["world"].path / "vocab.txt").read_text().split()
+        texts = [" ".join(vocab)] + [r["prompt"] for r in rows[:2000]] + \
+                [t["text"] for r in rows[:2000] for t in r["turns"]]
+        tokenizer = modeling.train_word_tokenizer(texts)
+        model = modeling.tiny_model(tokenizer, cfg.arch, cfg.layers, cfg.hidden, cfg.heads, cfg.intermediate,
+                                    max_positions=max(cfg.max_length, 512), seed=cfg.seed)
+    else:
+        tokenizer = modeling.load_tokenizer(cfg.model)
+        model = modeling.load_model(cfg.model)
+    if cfg.lora:
+        from r3rag.training import apply_lora
+
+        model = apply_lora(model, cfg.lora_settings)
+    return model, tokenizer
+
+
+def train_sft(model, tokenizer, rows, cfg: Config, out_dir, ctx: Context) -> dict:
+    from datasets import Dataset
+    from trl import SFTConfig
+
+    from r3rag.trainers import FastSFTTrainer
+    from r3rag.training import device_flags
+
+    encoded = [tokenize_trajectory(r, tokenizer, cfg.max_length) for r in rows]
+    ds = Dataset.from_dict({"input_ids": [e[0] for e in encoded], "labels": [e[1] for e in encoded]})
+    args = SFTConfig(
+        output_dir=str(out_dir), num_train_epochs=cfg.epochs, per_device_train_batch_size=cfg.batch_size,
+        gradient_accumulation_steps=cfg.grad_accum, learning_rate=cfg.lr, lr_scheduler_type="cosine",
+        warmup_steps=cfg.warmup_ratio, weight_decay=cfg.weight_decay, logging_steps=20, save_strategy="no",
+        report_to=[], seed=cfg.seed, max_length=cfg.max_length, train_sampling_strategy="group_by_length",
+        gradient_checkpointing=False, dataloader_num_workers=0, disable_tqdm=False,
+        **device_flags(cfg.bf16),
+    )
+    trainer = FastSFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tokenizer)
+    result = trainer.train()
+    n_tokens = sum(len(e[0]) for e in encoded)
+    return {"model": trainer.model, "train_loss": round(result.training_loss, 4),
+            "tokens_per_epoch": n_tokens, "steps": result.global_step,
+            "tokens_per_second": round(n_tokens * cfg.epochs / max(result.metrics["train_runtime"], 1e-9), 1),
+            "parameters": sum(p.numel() for p in trainer.model.parameters())}

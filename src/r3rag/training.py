@@ -1,0 +1,72 @@
+"""Shared training helpers: tokenising trajectories, LoRA, saving policies, trainer device flags.
+
+Usage:
+    ids, labels = tokenize_trajectory(traj_json, tokenizer)   # labels -100 off model turns
+    model = maybe_lora(model, LoraSettings(r=16, ...))
+    save_policy(model, tokenizer, out_dir, protocol_dict)
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from r3rag.env import Trajectory, Turn, join_turns
+
+IGNORE = -100
+
+
+def tokenize_trajectory(row: dict, tokenizer, max_length: int = 0) -> tuple[list[int], list[int]]:
+    """Prompt + turns + EOS; loss only on model turns and the final EOS (same span rule as env_mask)."""
+    traj = Trajectory.from_json(row)
+    prompt_ids = tokenizer.encode(traj.prompt, add_special_tokens=False)
+    turns = [Turn(t.role, t.text, tokenizer.encode(t.text, add_special_tokens=False)) for t in traj.turns]
+    comp_ids, mask = join_turns(turns)
+    ids = prompt_ids + comp_ids + [tokenizer.eos_token_id]
+    labels = [IGNORE] * len(prompt_ids) + [i if m else IGNORE for i, m in zip(comp_ids, mask)]
+    labels.append(tokenizer.eos_token_id)
+    if max_length and len(ids) > max_length:
+        ids, labels = ids[:max_length], labels[:max_length]
+    return ids, labels
+
+
+@dataclass
+class LoraSettings:
+    r: int = 16
+    alpha: int = 32
+    dropout: float = 0.05
+    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
+                                                               "gate_proj", "up_proj", "down_proj"])
+
+
+def apply_lora(model, s: LoraSettings):
+    from peft import LoraConfig, get_peft_model
+
+    cfg = LoraConfig(r=s.r, lora_alpha=s.alpha, lora_dropout=s.dropout, target_modules=s.target_modules,
+                     task_type="CAUSAL_LM")
+    return get_peft_model(model, cfg)
+
+
+def save_policy(model, tokenizer, out: Path, protocol: dict, base: str) -> None:
+    """Save merged weights (LoRA folded in) + tokenizer, so any stage loads it like a plain model."""
+    from peft import PeftModel
+
+    if isinstance(model, PeftModel):
+        model = model.merge_and_unload()
+    model.save_pretrained(out / "model", safe_serialization=True)
+    tokenizer.save_pretrained(out / "model")
+    (out / "policy.json").write_text(json.dumps({"protocol": protocol, "base": base}, indent=2))
+
+
+def load_protocol_dict(policy_dir: Path) -> dict:
+    return json.loads((policy_dir / "policy.json").read_text())["protocol"]
+
+
+def device_flags(bf16: str) -> dict:
+    """Trainer flags: CPU when there is no GPU; bf16 autocast where supported ("auto") or as asked."""
+    cuda = torch.cuda.is_available()
+    use_bf16 = {"auto": (not cuda) or torch.cuda.is_bf16_supported(), "true": True, "false": False}[bf16]
+    return {"use_cpu": not cuda, "bf16": use_bf16}

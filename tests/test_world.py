@@ -1,0 +1,248 @@
+"""Tests for the procedurally generated world (r3rag.data.world)."""
+
+import json
+import re
+import time
+
+import pytest
+
+from r3rag.data.world import World, WorldConfig, generate_world, world_vocabulary
+
+SMALL = dict(n_clusters=6, test_clusters=2, people_per_cluster=10,
+             companies_per_cluster=4, universities_per_cluster=2, n_cities=20, n_countries=5)
+
+
+@pytest.fixture(scope="module")
+def world() -> World:
+    return generate_world(WorldConfig(seed=3, **SMALL))
+
+
+def _dump(w: World) -> str:
+    return json.dumps({"docs": w.docs, "train": w.train, "test": w.test}, sort_keys=True)
+
+
+def _questions(w: World) -> list[dict]:
+    return w.train + w.test
+
+
+def _contains(text: str, name: str) -> bool:
+    """Token-bounded containment, so 'Ava Smith' does not match 'Ava Smithson'."""
+    return f" {name} " in f" {text} "
+
+
+# -- parsing the documents back into facts (independent of the chains) -----
+
+_PATTERNS = {
+    "p": {"born": r"born in (\S+)", "works": r"works for (\S+ \S+)", "studied": r"studied at (\S+ \S+)"},
+    "c": {"headquartered": r"headquartered in (\S+)", "founded": r"in (\d{4})",
+          "founder": r"founder (?:is )?(\S+ \S+)"},
+    "u": {"located": r"located in (\S+)"},
+    "city": {"country": r"country (?:of )?(\S+) \.$"},
+    "n": {},
+}
+
+
+def _kind(doc_id: str) -> str:
+    return doc_id.rstrip("0123456789")
+
+
+def _parse_facts(w: World) -> dict[str, dict[str, str]]:
+    facts = {}
+    for doc in w.docs:
+        parsed = {}
+        for relation, pattern in _PATTERNS[_kind(doc["id"])].items():
+            match = re.search(pattern, doc["text"])
+            assert match, (relation, doc)
+            parsed[relation] = match.group(1)
+        facts[doc["title"]] = parsed
+    return facts
+
+
+PATHS = {
+    "employer_city": ("works", "headquartered"),
+    "employer_country": ("works", "headquartered", "country"),
+    "school_city": ("studied", "located"),
+    "founder_birthplace": ("founder", "born"),
+    "founder_school": ("founder", "studied"),
+    "employer_founded": ("works", "founded"),
+    "employer_founder_birthplace": ("works", "founder", "born"),
+}
+
+
+# -- tests -----------------------------------------------------------------
+
+
+def test_deterministic_for_seed(world):
+    again = generate_world(WorldConfig(seed=3, **SMALL))
+    assert _dump(again) == _dump(world)
+
+
+def test_different_seeds_differ(world):
+    other = generate_world(WorldConfig(seed=4, **SMALL))
+    assert _dump(other) != _dump(world)
+    assert [d["title"] for d in other.docs] != [d["title"] for d in world.docs]
+
+
+def test_vocabulary_is_seed_independent_and_clean():
+    vocab = world_vocabulary()
+    assert vocab == world_vocabulary()
+    assert len(vocab) == len(set(vocab))
+    from r3rag.data import world as w
+    pools = [w.FIRST_NAMES, w.LAST_NAMES, w.CITY_NAMES, w.COUNTRY_NAMES, w.COMPANY_WORDS, w.UNIVERSITY_WORDS]
+    assert [len(p) for p in pools] == [300, 300, 300, 60, 300, 100]
+    pool_words = [word for pool in pools for word in pool]
+    assert len({x.lower() for x in pool_words}) == len(pool_words)
+    template_words = {x.lower() for x in w._template_words()}
+    suffixes = {x.lower() for x in w.COMPANY_SUFFIXES + w.UNIVERSITY_SUFFIXES}
+    # Suffixes must not double as template words, even when lower-cased.
+    assert not suffixes & template_words
+    for word in pool_words:
+        assert word.isalpha() and word[0].isupper() and word[1:].islower(), word
+        assert word.lower() not in template_words and word.lower() not in suffixes, word
+
+
+def test_sizes_and_names_unique(world):
+    cfg = world.config
+    kinds = [_kind(d["id"]) for d in world.docs]
+    assert kinds.count("p") == cfg.n_clusters * cfg.people_per_cluster
+    assert kinds.count("c") == cfg.n_clusters * cfg.companies_per_cluster
+    assert kinds.count("u") == cfg.n_clusters * cfg.universities_per_cluster
+    assert kinds.count("city") == cfg.n_cities
+    assert kinds.count("n") == cfg.n_countries
+    titles = [d["title"] for d in world.docs]
+    assert len(set(titles)) == len(titles)
+    ids = [d["id"] for d in world.docs]
+    assert len(set(ids)) == len(ids)
+    qids = [q["id"] for q in _questions(world)]
+    assert len(set(qids)) == len(qids)
+    for doc in world.docs:
+        assert doc["contents"] == doc["title"] + "\n" + doc["text"]
+        assert len(doc["text"].split()) <= 20
+
+
+def test_question_counts_and_hops(world):
+    cfg = world.config
+    n_people = cfg.n_clusters * cfg.people_per_cluster
+    n_companies = cfg.n_clusters * cfg.companies_per_cluster
+    assert len(_questions(world)) == n_people * 5 + n_companies * 2
+    assert {q["metadata"]["type"] for q in world.test} == set(PATHS)
+    assert {q["metadata"]["hops"] for q in world.test} == {2, 3}
+    for q in _questions(world):
+        assert q["metadata"]["hops"] == len(PATHS[q["metadata"]["type"]]) == len(q["metadata"]["chain"])
+
+
+def test_split_has_no_entity_leakage(world):
+    cfg = world.config
+    first_test = cfg.n_clusters - cfg.test_clusters
+    for q in world.train:
+        assert q["metadata"]["split"] == "train" and q["metadata"]["cluster"] < first_test
+    for q in world.test:
+        assert q["metadata"]["split"] == "test" and q["metadata"]["cluster"] >= first_test
+
+    clustered = {d["title"] for d in world.docs if _kind(d["id"]) in ("p", "c", "u")}
+    test_names = set()
+    for q in world.test:
+        for hop in q["metadata"]["chain"]:
+            subject = hop["query"].rsplit(" ", 1)[0]
+            test_names.update(n for n in (subject, hop["value"]) if n in clustered)
+    assert test_names
+    train_texts = []
+    for q in world.train:
+        train_texts.append(q["question"])
+        for hop in q["metadata"]["chain"]:
+            train_texts += [hop["query"], hop["fact"], hop["value"]]
+    # "|" never occurs in names, so a name cannot match across two texts.
+    train_blob = " | ".join(train_texts)
+    for name in test_names:
+        assert not _contains(train_blob, name), name
+
+
+def test_all_tokens_in_vocabulary(world):
+    vocab = set(world_vocabulary())
+    texts = [d["title"] for d in world.docs] + [d["text"] for d in world.docs]
+    for q in _questions(world):
+        texts.append(q["question"])
+        texts += q["golden_answers"]
+        for hop in q["metadata"]["chain"]:
+            texts += [hop["query"], hop["fact"], hop["value"]]
+    for text in texts:
+        for token in text.split():
+            assert token in vocab, (token, text)
+
+
+def test_chain_queries_hit_target_doc(world):
+    by_id = {d["id"]: d for d in world.docs}
+    for q in _questions(world):
+        meta = q["metadata"]
+        assert meta["supporting_docs"] == [hop["doc_id"] for hop in meta["chain"]]
+        for hop in meta["chain"]:
+            doc = by_id[hop["doc_id"]]
+            name, keyword = hop["query"].rsplit(" ", 1)
+            assert doc["title"] == name
+            assert keyword in doc["text"].split(), (keyword, doc["text"])
+            assert _contains(doc["text"], name)
+            assert _contains(doc["text"], hop["value"])
+            assert _contains(hop["fact"], name) and _contains(hop["fact"], hop["value"])
+            assert len(hop["query"].split()) <= 4
+
+
+def test_every_keyword_in_every_template():
+    from r3rag.data import world as w
+    needed = {"person": ("born", "works", "studied"),
+              "company": ("headquartered", "founded", "founder"),
+              "university": ("located",), "city": ("country",)}
+    for kind, keywords in needed.items():
+        for template in w.DOC_TEMPLATES[kind]:
+            for keyword in keywords:
+                assert keyword in template.split(), (kind, keyword, template)
+
+
+def test_answers_match_parsed_docs(world):
+    facts = _parse_facts(world)
+    titles = [d["title"] for d in world.docs]
+    for q in _questions(world):
+        meta = q["metadata"]
+        assert q["golden_answers"] == [meta["chain"][-1]["value"]]
+        subject = meta["chain"][0]["query"].rsplit(" ", 1)[0]
+        assert _contains(q["question"], subject)
+        # The question names its subject and nothing else.
+        assert [t for t in titles if _contains(q["question"], t)] == [subject]
+        current = subject
+        for relation in PATHS[meta["type"]]:
+            current = facts[current][relation]
+        assert q["golden_answers"] == [current], q
+
+
+def test_founders_and_employers_stay_in_cluster(world):
+    facts = _parse_facts(world)
+    cluster_of = {}
+    for q in _questions(world):
+        for hop in q["metadata"]["chain"]:
+            name = hop["query"].rsplit(" ", 1)[0]
+            if _kind(hop["doc_id"]) in ("p", "c"):
+                cluster_of[name] = q["metadata"]["cluster"]
+    for name, parsed in facts.items():
+        for relation in ("works", "founder"):
+            if relation in parsed and name in cluster_of:
+                assert cluster_of[parsed[relation]] == cluster_of[name]
+
+
+@pytest.mark.parametrize("overrides", [
+    dict(people_per_cluster=2000),
+    dict(companies_per_cluster=50),
+    dict(universities_per_cluster=4),
+    dict(n_cities=301),
+    dict(n_countries=61),
+    dict(test_clusters=61),
+])
+def test_too_many_names_raise(overrides):
+    with pytest.raises(ValueError):
+        generate_world(WorldConfig(**overrides))
+
+
+def test_default_config_is_fast():
+    start = time.perf_counter()
+    w = generate_world(WorldConfig())
+    assert time.perf_counter() - start < 2.0
+    assert len(w.docs) == 2400 + 480 + 180 + 120 + 30
+    assert {q["metadata"]["hops"] for q in w.test} == {2, 3}
