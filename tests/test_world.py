@@ -9,7 +9,8 @@ import pytest
 from r3rag.data.world import World, WorldConfig, generate_world, world_vocabulary
 
 SMALL = dict(n_clusters=6, test_clusters=2, people_per_cluster=10,
-             companies_per_cluster=4, universities_per_cluster=2, n_cities=20, n_countries=5)
+             companies_per_cluster=4, universities_per_cluster=2, n_cities=20, n_countries=5,
+             doc_unit="entity")
 
 
 @pytest.fixture(scope="module")
@@ -35,11 +36,21 @@ def _contains(text: str, name: str) -> bool:
 _PATTERNS = {
     "p": {"born": r"born in (\S+)", "works": r"works for (\S+ \S+)", "studied": r"studied at (\S+ \S+)"},
     "c": {"headquartered": r"headquartered in (\S+)", "founded": r"in (\d{4})",
-          "founder": r"founder (?:is )?(\S+ \S+)"},
+          "founder": r"(?:founder (?:is )?|founded by )(\S+ \S+)"},
     "u": {"located": r"located in (\S+)"},
     "city": {"country": r"country (?:of )?(\S+) \.$"},
     "n": {},
 }
+
+
+def _split_query(query: str) -> tuple[str, str]:
+    """"Ava Smith works for" -> ("Ava Smith", "works for")."""
+    from r3rag.data.world import RELATION_PHRASES
+
+    for phrase in RELATION_PHRASES.values():
+        if query.endswith(" " + phrase):
+            return query[: -len(phrase) - 1], phrase
+    raise AssertionError(f"query {query!r} does not end with a relation phrase")
 
 
 def _kind(doc_id: str) -> str:
@@ -117,7 +128,7 @@ def test_sizes_and_names_unique(world):
     assert len(set(qids)) == len(qids)
     for doc in world.docs:
         assert doc["contents"] == doc["title"] + "\n" + doc["text"]
-        assert len(doc["text"].split()) <= 20
+        assert len(doc["text"].split()) <= 26
 
 
 def test_question_counts_and_hops(world):
@@ -143,7 +154,7 @@ def test_split_has_no_entity_leakage(world):
     test_names = set()
     for q in world.test:
         for hop in q["metadata"]["chain"]:
-            subject = hop["query"].rsplit(" ", 1)[0]
+            subject = _split_query(hop["query"])[0]
             test_names.update(n for n in (subject, hop["value"]) if n in clustered)
     assert test_names
     train_texts = []
@@ -177,13 +188,14 @@ def test_chain_queries_hit_target_doc(world):
         assert meta["supporting_docs"] == [hop["doc_id"] for hop in meta["chain"]]
         for hop in meta["chain"]:
             doc = by_id[hop["doc_id"]]
-            name, keyword = hop["query"].rsplit(" ", 1)
+            name, phrase = _split_query(hop["query"])
             assert doc["title"] == name
-            assert keyword in doc["text"].split(), (keyword, doc["text"])
+            assert f"{name} {phrase} {hop['value']} ." in doc["text"], (phrase, doc["text"])
+            assert hop["fact"] == f"{name} {phrase} {hop['value']} ."
             assert _contains(doc["text"], name)
             assert _contains(doc["text"], hop["value"])
             assert _contains(hop["fact"], name) and _contains(hop["fact"], hop["value"])
-            assert len(hop["query"].split()) <= 4
+            assert len(hop["query"].split()) <= 8
 
 
 def test_every_keyword_in_every_template():
@@ -203,7 +215,7 @@ def test_answers_match_parsed_docs(world):
     for q in _questions(world):
         meta = q["metadata"]
         assert q["golden_answers"] == [meta["chain"][-1]["value"]]
-        subject = meta["chain"][0]["query"].rsplit(" ", 1)[0]
+        subject = _split_query(meta["chain"][0]["query"])[0]
         assert _contains(q["question"], subject)
         # The question names its subject and nothing else.
         assert [t for t in titles if _contains(q["question"], t)] == [subject]
@@ -218,7 +230,7 @@ def test_founders_and_employers_stay_in_cluster(world):
     cluster_of = {}
     for q in _questions(world):
         for hop in q["metadata"]["chain"]:
-            name = hop["query"].rsplit(" ", 1)[0]
+            name = _split_query(hop["query"])[0]
             if _kind(hop["doc_id"]) in ("p", "c"):
                 cluster_of[name] = q["metadata"]["cluster"]
     for name, parsed in facts.items():
@@ -244,5 +256,22 @@ def test_default_config_is_fast():
     start = time.perf_counter()
     w = generate_world(WorldConfig())
     assert time.perf_counter() - start < 2.0
-    assert len(w.docs) == 2400 + 480 + 180 + 120 + 30
+    # one document per fact: 3 per person and company, 1 per university, city, country
+    assert len(w.docs) == 3 * 2400 + 3 * 480 + 180 + 120 + 30
     assert {q["metadata"]["hops"] for q in w.test} == {2, 3}
+
+
+def test_fact_documents_are_the_chain_facts():
+    """doc_unit="fact": every hop's document is exactly the fact the model restates."""
+    w = generate_world(WorldConfig(seed=4, **{**SMALL, "doc_unit": "fact"}))
+    by_id = {d["id"]: d for d in w.docs}
+    assert len(by_id) == len(w.docs)
+    for q in w.train + w.test:
+        for hop in q["metadata"]["chain"]:
+            assert by_id[hop["doc_id"]]["text"] == hop["fact"]
+            assert hop["fact"].startswith(hop["query"] + " ")
+
+
+def test_fact_unit_needs_fact_sentences():
+    with pytest.raises(ValueError, match="doc_unit='fact' needs doc_style='facts'"):
+        generate_world(WorldConfig(doc_style="prose"))

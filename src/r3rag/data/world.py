@@ -87,18 +87,22 @@ DOC_TEMPLATES = {
     "country": COUNTRY_TEMPLATES,
 }
 
-# Relation keyword -> canonical one-sentence fact.  The keyword doubles as the
-# retrieval query word and as the key in an entity's facts dict.
-FACT_TEMPLATES = {
-    "works": "{s} works for {v} .",
-    "studied": "{s} studied at {v} .",
-    "born": "{s} was born in {v} .",
-    "headquartered": "{s} is headquartered in {v} .",
-    "founder": "The founder of {s} is {v} .",
-    "founded": "{s} was founded in {v} .",
-    "located": "{s} is located in {v} .",
-    "country": "{s} is in the country {v} .",
+# Relation keyword -> the phrase between subject and value. A fact is stated as
+# "<subject> <phrase> <value> ." both in "facts" documents and in the restatement the
+# model writes after a search, and a hop's query is "<subject> <phrase>": so the model
+# can restate a fact by copying it from the retrieved document. The keyword is also the
+# key in an entity's facts dict, and every phrase contains it (BM25 finds the doc).
+RELATION_PHRASES = {
+    "works": "works for",
+    "studied": "studied at",
+    "born": "was born in",
+    "headquartered": "is headquartered in",
+    "founder": "was founded by",
+    "founded": "was founded in",
+    "located": "is located in",
+    "country": "is a city in the country",
 }
+FACT_TEMPLATES = {k: "{s} " + phrase + " {v} ." for k, phrase in RELATION_PHRASES.items()}
 
 # Question type -> (subject kind, relation path).  Hops = len(path).
 QUESTION_TYPES = {
@@ -254,6 +258,12 @@ class WorldConfig:
     universities_per_cluster: int = 3
     n_cities: int = 120
     n_countries: int = 30
+    # "facts": one sentence per fact, each "<name> <relation phrase> <value> ." (copyable);
+    # "prose": one varied sentence per entity stating all its facts (harder to read).
+    doc_style: str = "facts"
+    # "fact": one document per fact (a retrieved fact can be restated by copying it);
+    # "entity": one document per entity holding all its facts.
+    doc_unit: str = "fact"
 
 
 @dataclass
@@ -273,6 +283,12 @@ class _Entity:
 
 
 def _validate(config: WorldConfig) -> None:
+    if config.doc_style not in ("facts", "prose"):
+        raise ValueError(f"WorldConfig.doc_style must be 'facts' or 'prose', got {config.doc_style!r}")
+    if config.doc_unit not in ("fact", "entity"):
+        raise ValueError(f"WorldConfig.doc_unit must be 'fact' or 'entity', got {config.doc_unit!r}")
+    if config.doc_unit == "fact" and config.doc_style != "facts":
+        raise ValueError("WorldConfig.doc_unit='fact' needs doc_style='facts'")
     positive = ("n_clusters", "people_per_cluster", "companies_per_cluster",
                 "universities_per_cluster", "n_cities", "n_countries")
     for field_name in positive:
@@ -335,14 +351,38 @@ def _assign_countries(rng: random.Random, cities: list[str], countries: list[str
     return assignment
 
 
-def _make_doc(rng: random.Random, entity: _Entity) -> dict:
-    template = rng.choice(DOC_TEMPLATES[entity.kind])
-    text = template.format(name=entity.name, **entity.facts)
+def _make_doc(rng: random.Random, entity: _Entity, style: str) -> dict:
+    if style == "prose":
+        text = rng.choice(DOC_TEMPLATES[entity.kind]).format(name=entity.name, **entity.facts)
+    elif entity.facts:
+        # One sentence per fact, in random order.
+        sentences = [FACT_TEMPLATES[k].format(s=entity.name, v=v) for k, v in entity.facts.items()]
+        rng.shuffle(sentences)
+        text = " ".join(sentences)
+    else:
+        text = rng.choice(COUNTRY_TEMPLATES).format(name=entity.name)
     return {"id": entity.doc_id, "title": entity.name, "text": text,
             "contents": entity.name + "\n" + text}
 
 
-def _chain(entities: dict[str, _Entity], subject: str, path: tuple[str, ...]) -> list[dict]:
+def _fact_docs(entity: _Entity) -> list[dict]:
+    """One document per fact, id "<entity id>-<relation>"; a country gets one plain doc."""
+    if not entity.facts:
+        text = COUNTRY_TEMPLATES[0].format(name=entity.name)
+        return [{"id": entity.doc_id, "title": entity.name, "text": text, "contents": entity.name + "\n" + text}]
+    docs = []
+    for keyword, value in entity.facts.items():
+        text = FACT_TEMPLATES[keyword].format(s=entity.name, v=value)
+        docs.append({"id": _fact_doc_id(entity, keyword), "title": entity.name, "text": text,
+                     "contents": entity.name + "\n" + text})
+    return docs
+
+
+def _fact_doc_id(entity: _Entity, keyword: str) -> str:
+    return f"{entity.doc_id}-{keyword}"
+
+
+def _chain(entities: dict[str, _Entity], subject: str, path: tuple[str, ...], doc_unit: str) -> list[dict]:
     """Follow the relation path from the subject, one hop per relation."""
     hops = []
     current = subject
@@ -350,8 +390,8 @@ def _chain(entities: dict[str, _Entity], subject: str, path: tuple[str, ...]) ->
         entity = entities[current]
         value = entity.facts[keyword]
         hops.append({
-            "doc_id": entity.doc_id,
-            "query": f"{current} {keyword}",
+            "doc_id": _fact_doc_id(entity, keyword) if doc_unit == "fact" else entity.doc_id,
+            "query": f"{current} {RELATION_PHRASES[keyword]}",
             "fact": FACT_TEMPLATES[keyword].format(s=current, v=value),
             "value": value,
         })
@@ -360,9 +400,9 @@ def _chain(entities: dict[str, _Entity], subject: str, path: tuple[str, ...]) ->
 
 
 def _make_question(rng: random.Random, entities: dict[str, _Entity], qid: str, qtype: str,
-                   subject: str, split: str, cluster: int) -> dict:
+                   subject: str, split: str, cluster: int, doc_unit: str) -> dict:
     _kind, path = QUESTION_TYPES[qtype]
-    chain = _chain(entities, subject, path)
+    chain = _chain(entities, subject, path, doc_unit)
     return {
         "id": qid,
         "question": rng.choice(QUESTION_TEMPLATES[qtype]).format(s=subject),
@@ -439,7 +479,10 @@ def generate_world(config: WorldConfig) -> World:
     all_ents = person_ents + company_ents + university_ents + city_ents + country_ents
     for ent in all_ents:
         entities[ent.name] = ent
-    docs = [_make_doc(rng, ent) for ent in all_ents]
+    if cfg.doc_unit == "fact":
+        docs = [doc for ent in all_ents for doc in _fact_docs(ent)]
+    else:
+        docs = [_make_doc(rng, ent, cfg.doc_style) for ent in all_ents]
 
     person_types = [t for t, (kind, _p) in QUESTION_TYPES.items() if kind == "person"]
     company_types = [t for t, (kind, _p) in QUESTION_TYPES.items() if kind == "company"]
@@ -452,7 +495,8 @@ def generate_world(config: WorldConfig) -> World:
         subjects = [(p, t) for p in c_people for t in person_types]
         subjects += [(c, t) for c in c_companies for t in company_types]
         for subject, qtype in subjects:
-            target.append(_make_question(rng, entities, f"q{counter:06d}", qtype, subject, split, k))
+            target.append(_make_question(rng, entities, f"q{counter:06d}", qtype, subject, split, k,
+                                         cfg.doc_unit))
             counter += 1
 
     # Shuffle so any prefix of a split mixes clusters and question types.

@@ -1,0 +1,32 @@
+"""Typed configs: YAML + --set overrides, unknown keys and wrong types are clear errors."""
+
+import pytest
+
+from r3rag.config import build_config, load_yaml, parse_overrides
+from r3rag.errors import UserError
+from r3rag.stages import rl, sft
+
+
+def test_overrides_are_parsed_as_yaml():
+    cfg = build_config(sft.Config, {"epochs": 2}, parse_overrides(["lr=1e-4", "lora=true", "lora_settings.r=8"]))
+    assert (cfg.epochs, cfg.lr, cfg.lora, cfg.lora_settings.r) == (2.0, 1e-4, True, 8)
+    r = build_config(rl.Config, {}, parse_overrides(["rewards={em: 1.0, format: 0.2}"]))
+    assert r.rewards == {"em": 1.0, "format": 0.2}
+
+
+def test_unknown_key_and_wrong_type_name_the_place():
+    with pytest.raises(UserError, match=r"demo.yaml: sft: unknown key 'epoch'"):
+        build_config(sft.Config, {"epoch": 2}, where="demo.yaml: sft")
+    with pytest.raises(UserError, match=r"sft.batch_size: expected an integer"):
+        build_config(sft.Config, {"batch_size": "big"}, where="sft")
+    with pytest.raises(UserError, match="expected key=value"):
+        parse_overrides(["novalue"])
+
+
+def test_yaml_errors_have_file_and_line(tmp_path):
+    p = tmp_path / "bad.yaml"
+    p.write_text("sft:\n  epochs: [1,\n")
+    with pytest.raises(UserError, match=r"bad.yaml: line \d+ invalid YAML"):
+        load_yaml(p)
+    with pytest.raises(UserError, match="config file not found"):
+        load_yaml(tmp_path / "missing.yaml")

@@ -1,0 +1,81 @@
+"""The rollout loop with scripted generators and real BM25: finish reasons, batching, masks."""
+
+from r3rag.env import EnvConfig, run_rollouts
+from r3rag.generation.scripted import ScriptedGenerator
+from r3rag.modeling import train_word_tokenizer
+from r3rag.protocol import Protocol
+from r3rag.retrieval.bm25 import BM25Retriever
+
+DOCS = [
+    {"id": "p1", "title": "Ava Smith", "text": "Ava Smith works for Zentro Labs ."},
+    {"id": "c1", "title": "Zentro Labs", "text": "Zentro Labs is headquartered in Velmar ."},
+    {"id": "x1", "title": "Korla", "text": "Korla is a city in Dorland ."},
+]
+P = Protocol(template="minimal", doc_style="plain")
+
+
+class CountingRetriever:
+    def __init__(self):
+        self.inner, self.calls = BM25Retriever.build(DOCS), []
+
+    def search(self, queries, k):
+        self.calls.append(list(queries))
+        return self.inner.search(queries, k)
+
+
+def _scripts():
+    return {
+        "good": ["<search> Ava Smith works </search>", "<think> Ava Smith works for Zentro Labs . </think> "
+                 "<search> Zentro Labs headquartered </search>", "<answer> Velmar </answer>"],
+        "loops": ["<search> Ava Smith works </search>"] * 10,
+        "broken": ["<search> Ava Smith works"],
+        "chatty": ["I do not know"],
+    }
+
+
+def _run(cfg, tokenizer=None):
+    scripts = _scripts()
+    gen = ScriptedGenerator(lambda t: scripts[t.id][t.model_turn_count()], tokenizer)
+    examples = [{"id": k, "question": "Where is the company Ava Smith works for ?"} for k in scripts]
+    retriever = CountingRetriever()
+    return {t.id: t for t in run_rollouts(examples, gen, retriever, P, cfg, tokenizer)}, retriever
+
+
+def test_finish_reasons_and_one_batched_search_per_turn():
+    trajs, retriever = _run(EnvConfig(max_turns=4, top_k=2))
+    assert trajs["good"].finish_reason == "answer" and trajs["good"].answer == "Velmar"
+    assert trajs["good"].queries == ["Ava Smith works", "Zentro Labs headquartered"]
+    assert trajs["good"].retrieved[0][0] == "p1" and trajs["good"].retrieved[1][0] == "c1"
+    assert trajs["loops"].finish_reason == "max_turns" and len(trajs["loops"].retrieved) == 3
+    assert trajs["broken"].finish_reason == "invalid" and trajs["broken"].steps[0]["reason"] == "unclosed <search>"
+    assert trajs["chatty"].finish_reason == "invalid" and trajs["chatty"].steps[0]["reason"].startswith("no <search>")
+    # turn 1: good + loops search together; turn 2: good + loops; turn 3: loops only
+    assert [len(c) for c in retriever.calls] == [2, 2, 1]
+
+
+def test_token_budget_ends_with_length():
+    tok = train_word_tokenizer([d["text"] for d in DOCS] + ["Where is the company Ava Smith works for ? Question :"])
+    trajs, _ = _run(EnvConfig(max_turns=6, top_k=3, max_completion_tokens=20), tok)
+    assert trajs["loops"].finish_reason == "length"
+
+
+def test_mask_marks_model_tokens_only():
+    tok = train_word_tokenizer([d["text"] for d in DOCS] + ["Where is the company Ava Smith works for ? Question :"])
+    trajs, _ = _run(EnvConfig(max_turns=4, top_k=1), tok)
+    t = trajs["good"]
+    ids, mask = t.completion()
+    assert len(ids) == len(mask) == sum(len(x.ids) for x in t.turns)
+    env_text = tok.decode([i for i, m in zip(ids, mask) if m == 0])
+    model_text = tok.decode([i for i, m in zip(ids, mask) if m == 1])
+    assert env_text.startswith("<information>") and "Zentro Labs is headquartered in Velmar" in env_text
+    assert "<information>" not in model_text and model_text.endswith("<answer> Velmar </answer>")
+
+
+def test_direct_and_rag_modes_force_an_answer():
+    gen = ScriptedGenerator(lambda t: "Velmar </answer>")
+    ex = [{"id": "q", "question": "Ava Smith works"}]
+    direct = run_rollouts(ex, gen, None, P, EnvConfig(mode="direct"))[0]
+    assert direct.answer == "Velmar" and direct.retrieved == []
+    rag = run_rollouts(ex, gen, BM25Retriever.build(DOCS), P, EnvConfig(mode="rag", top_k=1))[0]
+    assert rag.answer == "Velmar" and rag.retrieved == [["p1"]]
+    assert [t.role for t in rag.turns] == ["env", "env", "model"]

@@ -1,0 +1,72 @@
+"""Which tokens get loss: SFT labels and the GRPO env_mask share one span rule."""
+
+import torch
+
+from r3rag.env import EnvConfig, run_rollouts
+from r3rag.generation.scripted import ScriptedGenerator
+from r3rag.modeling import tiny_model, train_word_tokenizer
+from r3rag.protocol import Protocol
+from r3rag.retrieval.bm25 import BM25Retriever
+from r3rag.stages.rl import rollout_batch
+from r3rag.training import IGNORE, tokenize_trajectory
+
+DOCS = [{"id": "p1", "title": "Ava Smith", "text": "Ava Smith works for Zentro Labs ."},
+        {"id": "c1", "title": "Zentro Labs", "text": "Zentro Labs is headquartered in Velmar ."}]
+P = Protocol(template="minimal", doc_style="plain")
+SCRIPT = ["<search> Ava Smith works </search>",
+          "<think> Ava Smith works for Zentro Labs . </think> <search> Zentro Labs headquartered </search>",
+          "<answer> Velmar </answer>"]
+
+
+def _setup():
+    tok = train_word_tokenizer([d["text"] for d in DOCS] + ["Question : Where is it ?"])
+    gen = ScriptedGenerator(lambda t: SCRIPT[t.model_turn_count()], tok)
+    traj = run_rollouts([{"id": "q", "question": "Where is it ?"}], gen, BM25Retriever.build(DOCS), P,
+                        EnvConfig(top_k=1), tok)[0]
+    return tok, traj
+
+
+def test_sft_labels_equal_grpo_env_mask_on_the_same_trajectory():
+    tok, traj = _setup()
+    ids, labels = tokenize_trajectory(traj.to_json(), tok)
+    batch = rollout_batch([traj], tok.eos_token_id, 512)
+    n_prompt = len(traj.prompt_ids)
+    assert ids[:n_prompt] == traj.prompt_ids and all(x == IGNORE for x in labels[:n_prompt])
+    assert ids[n_prompt:] == batch["completion_ids"][0]
+    sft_mask = [int(x != IGNORE) for x in labels[n_prompt:]]
+    assert sft_mask == batch["env_mask"][0]
+    assert batch["completion_ids"][0][-1] == tok.eos_token_id and batch["env_mask"][0][-1] == 1
+    info = tok.convert_tokens_to_ids("<information>")
+    assert all(m == 0 for i, m in zip(batch["completion_ids"][0], batch["env_mask"][0]) if i == info)
+
+
+def test_masked_tokens_get_no_gradient(tmp_path):
+    """Through the SFT trainer's own loss: the logits at environment (and prompt) positions
+    get exactly zero gradient, those at model positions do not."""
+    from datasets import Dataset
+    from trl import SFTConfig
+
+    from r3rag.trainers import FastSFTTrainer
+
+    tok, traj = _setup()
+    ids, labels = tokenize_trajectory(traj.to_json(), tok)
+    model = tiny_model(tok, layers=1, hidden=32, heads=2, intermediate=64)
+    args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], max_length=256)
+    trainer = FastSFTTrainer(model=model, args=args, processing_class=tok,
+                             train_dataset=Dataset.from_dict({"input_ids": [ids], "labels": [labels]}))
+    captured = {}
+
+    def keep_logits(module, inputs, output):
+        output.retain_grad()
+        captured["logits"] = output
+
+    model.lm_head.register_forward_hook(keep_logits)
+    batch = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
+             "labels": torch.tensor([labels])}
+    trainer.compute_loss(model, batch).backward()
+    grad = captured["logits"].grad[0].abs().sum(-1)  # per position; position i predicts token i+1
+    targets = torch.tensor(labels[1:] + [IGNORE])
+    assert torch.all(grad[targets == IGNORE] == 0)
+    assert torch.all(grad[targets != IGNORE] > 0)
+    n_env = sum(1 for m in rollout_batch([traj], tok.eos_token_id, 512)["env_mask"][0] if m == 0)
+    assert n_env > 10  # the test really covers retrieved tokens
