@@ -57,7 +57,16 @@ def tiny_model(tokenizer, arch: str = "llama", layers: int = 4, hidden: int = 12
     return AutoModelForCausalLM.from_config(config)
 
 
+def _check_local_path(name_or_path: str | Path) -> None:
+    """A hub id is "name" or "org/name"; anything else is a path and must exist."""
+    name = str(name_or_path)
+    looks_like_path = name.startswith(("/", ".", "~")) or name.count("/") > 1
+    if looks_like_path and not Path(name).expanduser().exists():
+        raise UserError(f"model path {name!r} does not exist")
+
+
 def load_tokenizer(name_or_path: str | Path):
+    _check_local_path(name_or_path)
     try:
         tok = AutoTokenizer.from_pretrained(str(name_or_path))
     except (OSError, ValueError) as e:
@@ -68,9 +77,7 @@ def load_tokenizer(name_or_path: str | Path):
 
 
 def load_model(name_or_path: str | Path, dtype: str = "auto"):
-    path = Path(str(name_or_path))
-    if str(name_or_path).startswith((".", "/")) and not path.exists():
-        raise UserError(f"model path {str(name_or_path)!r} does not exist")
+    _check_local_path(name_or_path)
     torch_dtype = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16,
                    "float16": torch.float16}[dtype]
     try:

@@ -65,8 +65,13 @@ def load_protocol_dict(policy_dir: Path) -> dict:
     return json.loads((policy_dir / "policy.json").read_text())["protocol"]
 
 
-def device_flags(bf16: str) -> dict:
+def device_flags(bf16: bool | str) -> dict:
     """Trainer flags: CPU when there is no GPU; bf16 autocast where supported ("auto") or as asked."""
+    from r3rag.errors import UserError
+
     cuda = torch.cuda.is_available()
-    use_bf16 = {"auto": (not cuda) or torch.cuda.is_bf16_supported(), "true": True, "false": False}[bf16]
-    return {"use_cpu": not cuda, "bf16": use_bf16}
+    if bf16 == "auto":
+        bf16 = (not cuda) or torch.cuda.is_bf16_supported()
+    if not isinstance(bf16, bool):
+        raise UserError(f"bf16: expected true, false or auto, got {bf16!r}")
+    return {"use_cpu": not cuda, "bf16": bf16}

@@ -44,7 +44,7 @@ class Config:
     max_new_tokens: int = 48
     max_completion_tokens: int = 512
     gen_batch_size: int = 64
-    bf16: str = "auto"
+    bf16: bool | str = "auto"  # true, false or auto (bf16 where supported)
     threads: int = 0
     seed: int = 0
 

@@ -47,7 +47,7 @@ class Config:
     weight_decay: float = 0.0
     max_length: int = 1024
     limit: int = 0  # 0 = all trajectories
-    bf16: str = "auto"
+    bf16: bool | str = "auto"  # true, false or auto (bf16 where supported)
     threads: int = 0
     seed: int = 0
 
