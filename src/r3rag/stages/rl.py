@@ -127,7 +127,7 @@ def build_trainer(model, tokenizer, questions, retriever, protocol: Protocol, cf
         output_dir=str(out_dir), max_steps=cfg.steps, per_device_train_batch_size=cfg.prompts_per_step * cfg.num_generations,
         num_generations=cfg.num_generations, learning_rate=cfg.lr, beta=cfg.beta, loss_type=cfg.loss_type,
         temperature=cfg.temperature, max_completion_length=cfg.max_completion_tokens, reward_weights=weights,
-        logging_steps=1, save_strategy="no", report_to=[], seed=cfg.seed, gradient_checkpointing=False,
+        logging_steps=1, save_strategy="no", report_to=[], seed=cfg.seed, activation_checkpointing=False,
         lr_scheduler_type="constant", disable_tqdm=False, **device_flags(cfg.bf16),
     )
     return GRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=ds, processing_class=tokenizer,

@@ -109,7 +109,7 @@ def train_sft(model, tokenizer, rows, cfg: Config, out_dir, ctx: Context) -> dic
         gradient_accumulation_steps=cfg.grad_accum, learning_rate=cfg.lr, lr_scheduler_type="cosine",
         warmup_steps=cfg.warmup_ratio, weight_decay=cfg.weight_decay, logging_steps=20, save_strategy="no",
         report_to=[], seed=cfg.seed, max_length=cfg.max_length, train_sampling_strategy="group_by_length",
-        gradient_checkpointing=False, dataloader_num_workers=0, disable_tqdm=False,
+        activation_checkpointing=False, dataloader_num_workers=0, disable_tqdm=False,
         **device_flags(cfg.bf16),
     )
     trainer = FastSFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tokenizer)
