@@ -22,7 +22,7 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 app = typer.Typer(help="Train language models to reason and retrieve step by step.", no_args_is_help=True,
-                  pretty_exceptions_enable=False, add_completion=False)
+                  pretty_exceptions_enable=False, add_completion=False, rich_markup_mode="markdown")
 
 ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="Pipeline YAML; this stage's section is used.")]
 SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override a config key: KEY=VALUE (repeatable).")]
@@ -66,8 +66,18 @@ def _stage_command(stage: str):
     return command
 
 
+def _config_epilog(stage: str) -> str:
+    """The stage's config keys and defaults, so `--help` shows what `--set` accepts."""
+    import dataclasses
+    import importlib
+
+    cfg = importlib.import_module(f"r3rag.stages.{stage}").Config()
+    keys = ", ".join(f"{f.name}={getattr(cfg, f.name)!r}" for f in dataclasses.fields(cfg))
+    return f"**Config keys** (`--set key=value`; defaults): {keys}"
+
+
 for _stage in ("world", "index", "synthesize", "sft", "rl", "eval"):
-    app.command(_stage, help=None)(_stage_command(_stage))
+    app.command(_stage, epilog=_config_epilog(_stage))(_stage_command(_stage))
 
 
 @app.command("run")

@@ -7,6 +7,7 @@ run the baseline policy (the SFT model) with its answer forced at once. Writes
 "seconds": {stage: wall seconds}}`) and prints a table.
 
 Usage:
+
     r3rag eval --set limit=400
     r3rag eval --set systems='[sft]' --set rl=
 """

@@ -6,6 +6,7 @@ BM25 (bm25s) saves its tokenizer settings beside the index so queries are tokeni
 exactly like the corpus.
 
 Usage:
+
     r3rag index --set world=world:latest
     r3rag index --set corpus=data/my_corpus.jsonl --set world=
 """

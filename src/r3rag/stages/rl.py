@@ -5,6 +5,7 @@ append `<information>`...) and returns `env_mask`, so retrieved tokens get no lo
 reward is a weighted sum of named components (`em`, `f1`, `format`), each logged.
 
 Usage:
+
     r3rag rl --set steps=30 --set num_generations=8 --set rewards='{em: 1.0, format: 0.1}'
 """
 

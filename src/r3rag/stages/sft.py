@@ -6,7 +6,8 @@ word-level tokenizer trained on the world (`model: tiny`), or from any transform
 id/path with LoRA (`model: Qwen/Qwen2.5-3B`, `lora: true`). The policy is saved merged.
 
 Usage:
-    r3rag sft --set epochs=3 --set lr=3e-3
+
+    r3rag sft --set epochs=2 --set lr=5e-4
     r3rag sft --set model=/models/Qwen2.5-0.5B --set lora=true --set lr=1e-4
 """
 
@@ -39,9 +40,9 @@ class Config:
     intermediate: int = 512
     lora: bool = False
     lora_settings: LoraSettings = field(default_factory=LoraSettings)
-    epochs: float = 3.0
-    lr: float = 3e-3
-    batch_size: int = 64
+    epochs: float = 1.0
+    lr: float = 1e-3
+    batch_size: int = 16
     grad_accum: int = 1
     warmup_ratio: float = 0.03
     weight_decay: float = 0.0

@@ -11,6 +11,7 @@ memorise them and must learn to read what it retrieves. Questions that mention a
 of the evaluation world's test split are dropped, so test entities stay unseen.
 
 Usage:
+
     r3rag synthesize --set teacher=oracle --set top_k=3
     r3rag synthesize --set extra_worlds=50 --set extra_questions_per_world=400
 """

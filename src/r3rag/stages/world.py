@@ -9,6 +9,7 @@ It also measures how often the question text alone retrieves the documents a que
 needs (BM25, top-k): questions must need iterative retrieval, so this should be near 0.
 
 Usage:
+
     r3rag world --set seed=7
 """
 
