@@ -24,5 +24,17 @@ def load_retriever(index_dir: str | Path):
             from r3rag.retrieval.bm25 import BM25Retriever
 
             return BM25Retriever.load(index_dir)
+        case "rank-bm25":
+            from r3rag.retrieval.rank_bm25_backend import RankBM25Retriever
+
+            return RankBM25Retriever.load(index_dir)
+        case "dense":
+            from r3rag.retrieval.dense import DenseRetriever
+
+            return DenseRetriever.load(index_dir)
+        case "hybrid":
+            from r3rag.retrieval.hybrid import HybridRetriever
+
+            return HybridRetriever.load(index_dir)
         case _:
             raise UserError(f"{settings_path}: unknown retrieval backend {backend!r}")
