@@ -30,3 +30,16 @@ def test_yaml_errors_have_file_and_line(tmp_path):
         load_yaml(p)
     with pytest.raises(UserError, match="config file not found"):
         load_yaml(tmp_path / "missing.yaml")
+
+
+def test_pipeline_overrides_must_name_a_stage(tmp_path):
+    from r3rag.pipeline import run_pipeline
+
+    p = tmp_path / "p.yaml"
+    p.write_text("name: x\nworld:\n  seed: 1\n")
+    with pytest.raises(UserError, match="name the stage"):
+        run_pipeline(p, ["seed=3"], tmp_path)
+    with pytest.raises(UserError, match="'sft' is not a stage of this pipeline"):
+        run_pipeline(p, ["sft.lr=1"], tmp_path)
+    ref = run_pipeline(p, ["world.n_clusters=3", "world.test_clusters=1"], tmp_path / "runs")
+    assert ref.manifest["config"]["n_clusters"] == 3 and ref.manifest["config"]["seed"] == 1

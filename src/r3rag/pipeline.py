@@ -12,7 +12,6 @@ Usage:
 from __future__ import annotations
 
 import importlib
-import time
 from datetime import datetime
 from pathlib import Path
 
@@ -68,26 +67,27 @@ def run_pipeline(path: Path, overrides: list[str], runs_dir: Path | None) -> Art
     bad = [s for s in stages if s not in STAGE_ORDER]
     if bad:
         raise UserError(f"{path}: unknown stage {bad[0]!r} in stages (known: {', '.join(STAGE_ORDER)})")
-    parsed = parse_overrides(overrides)
-    for key in parsed:
-        if key.split(".")[0] not in stages:
-            raise UserError(f"--set {key}: expected <stage>.<key> with a stage of this pipeline ({', '.join(stages)})")
+    per_stage = _split_overrides(overrides, stages)
     bound: dict[str, ArtifactRef] = {}
     ref = None
     for stage in stages:
-        stage_over = [f"{k.split('.', 1)[1]}={v}" for k, v in _raw_overrides(overrides) if k.split(".")[0] == stage]
-        t0 = time.time()
-        ref = run_stage(stage, path, stage_over, runs_dir, bound=bound, data=data)
+        ref = run_stage(stage, path, per_stage[stage], runs_dir, bound=bound, data=data)
         bound[stage] = ref
     return ref
 
 
-def _raw_overrides(overrides: list[str]):
+def _split_overrides(overrides: list[str], stages: list[str]) -> dict[str, list[str]]:
+    """["sft.lr=1e-4"] -> {"sft": ["lr=1e-4"], ...}; every key must name a stage of the pipeline."""
+    out: dict[str, list[str]] = {s: [] for s in stages}
     for item in overrides:
-        key, _, value = item.partition("=")
-        if "." not in key:
+        key, sep, value = item.partition("=")
+        stage, dot, rest = key.strip().partition(".")
+        if not sep or not dot or not rest:
             raise UserError(f"--set {item!r}: in a pipeline, name the stage: <stage>.<key>=value")
-        yield key.strip(), value
+        if stage not in out:
+            raise UserError(f"--set {item!r}: {stage!r} is not a stage of this pipeline ({', '.join(stages)})")
+        out[stage].append(f"{rest}={value}")
+    return out
 
 
 def list_runs(stage: str | None, runs_dir: Path | None) -> None:
