@@ -27,3 +27,15 @@ def test_f1_partial_overlap_and_special_answers():
 def test_cover_match_is_token_bounded():
     assert cover_match("It is in Velmar city.", ["Velmar"]) == 1.0
     assert cover_match("Velmarsson", ["Velmar"]) == 0.0
+
+
+def test_bootstrap_ci_brackets_the_mean_and_narrows_with_n():
+    from r3rag.metrics import bootstrap_ci
+
+    small = [1.0, 0.0] * 10
+    big = [1.0, 0.0] * 500
+    lo, hi = bootstrap_ci(small)
+    assert lo < 0.5 < hi
+    blo, bhi = bootstrap_ci(big)
+    assert blo < 0.5 < bhi and (bhi - blo) < (hi - lo)
+    assert bootstrap_ci([1.0] * 30) == (1.0, 1.0)

@@ -2,7 +2,8 @@
 
 Usage:
     exact_match("The Velmar", ["velmar"]) -> 1.0
-    f1_score("in Velmar city", ["Velmar"]) -> 0.5
+    f1("in Velmar city", ["Velmar"]) -> 0.5
+    bootstrap_ci([1, 0, 1, 1]) -> (low, high) of the mean, 95%
 """
 
 from __future__ import annotations
@@ -52,6 +53,24 @@ def _f1(prediction: str, gold: str) -> float:
 
 
 def f1_score(prediction: str | None, golds: list[str]) -> float:
+    """Token F1, the max over the gold answers."""
     if prediction is None:
         return 0.0
     return max((_f1(prediction, g) for g in golds), default=0.0)
+
+
+f1 = f1_score  # the short name: r3rag.metrics.f1(prediction, golden_answers)
+
+
+def bootstrap_ci(values: list[float], n_resamples: int = 1000, alpha: float = 0.05, seed: int = 0) -> tuple[float, float]:
+    """Percentile bootstrap confidence interval of the mean (default 95%)."""
+    import random
+
+    if not values:
+        return (0.0, 0.0)
+    rng = random.Random(seed)
+    n = len(values)
+    means = sorted(sum(values[rng.randrange(n)] for _ in range(n)) / n for _ in range(n_resamples))
+    lo = means[int((alpha / 2) * n_resamples)]
+    hi = means[min(n_resamples - 1, int((1 - alpha / 2) * n_resamples))]
+    return (round(lo, 4), round(hi, 4))
