@@ -15,13 +15,29 @@ from r3rag.env import Generated, Trajectory
 _WINDOW = 8  # tokens decoded to look for a stop string; stop strings are shorter than this
 
 
+def single_token_ids(tokenizer, stops: tuple[str, ...]) -> list[int] | None:
+    """The stop strings' ids when each is exactly one token (then a stop is an id check),
+    else None (stops are found by decoding the generated tail)."""
+    ids = []
+    for s in stops:
+        enc = tokenizer.encode(s, add_special_tokens=False)
+        if len(enc) != 1 or tokenizer.decode(enc).strip() != s:
+            return None
+        ids.append(enc[0])
+    return ids
+
+
 class _StopOnStrings(StoppingCriteria):
     """Per-row stop: the generated tail (never the context) contains a stop string."""
 
     def __init__(self, tokenizer, stops: tuple[str, ...], start: int):
         self.tokenizer, self.stops, self.start = tokenizer, stops, start
+        ids = single_token_ids(tokenizer, stops)
+        self.stop_ids = None if ids is None else torch.tensor(ids)
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
+        if self.stop_ids is not None:  # fast path: one id per stop string, no decoding per step
+            return torch.isin(input_ids[:, -1], self.stop_ids.to(input_ids.device))
         lo = max(self.start, input_ids.shape[1] - _WINDOW)
         tails = self.tokenizer.batch_decode(input_ids[:, lo:], skip_special_tokens=False)
         return torch.tensor([any(s in t for s in self.stops) for t in tails], device=input_ids.device)
@@ -61,15 +77,20 @@ class HFGenerator:
             top_k=None, pad_token_id=self.pad_id, eos_token_id=self.tokenizer.eos_token_id,
             stopping_criteria=StoppingCriteriaList([_StopOnStrings(self.tokenizer, stop, width)]),
         )
-        return [self._cut(row[width:].tolist(), stop, max_new_tokens) for row in out]
+        stop_ids = single_token_ids(self.tokenizer, stop)
+        return [self._cut(row[width:].tolist(), stop, stop_ids) for row in out]
 
-    def _cut(self, gen: list[int], stop: tuple[str, ...], max_new_tokens: int) -> Generated:
+    def _cut(self, gen: list[int], stop: tuple[str, ...], stop_ids: list[int] | None) -> Generated:
         eos = self.tokenizer.eos_token_id
         for j, tok in enumerate(gen):
             if tok == eos:
                 return Generated(self.tokenizer.decode(gen[:j], skip_special_tokens=True), gen[:j], "eos")
-            tail = self.tokenizer.decode(gen[max(0, j - _WINDOW + 1): j + 1], skip_special_tokens=False)
-            if any(s in tail for s in stop):
+            if stop_ids is not None:
+                hit = tok in stop_ids
+            else:
+                tail = self.tokenizer.decode(gen[max(0, j - _WINDOW + 1): j + 1], skip_special_tokens=False)
+                hit = any(s in tail for s in stop)
+            if hit:
                 kept = gen[: j + 1]
                 return Generated(self.tokenizer.decode(kept, skip_special_tokens=True), kept, "stop")
         gen = [t for t in gen if t != self.pad_id] if self.pad_id != eos else gen
