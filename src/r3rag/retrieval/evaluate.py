@@ -1,0 +1,79 @@
+"""Retrieval quality on QA sets with gold passages: passage recall@k and answer recall@k.
+
+A question's gold passages are the corpus docs whose title is in `metadata.supporting_titles` or
+is the title of a `metadata.paragraphs` entry with `is_supporting` (HotpotQA, MuSiQue, 2Wiki files
+of the shared data). recall@k = the share of a question's gold titles found in its top k, averaged
+over the questions that have gold titles in the corpus; answer_recall@k = the share of questions
+with a normalised gold answer, as whole words, inside a normalised top-k passage (title and text,
+as FlashRAG's `contents`).
+
+With `hop_queries` (one list of queries per question, e.g. a model's or an oracle's searches) the
+same figures are also computed for the union of the hops' top-k lists, under `hops_` keys.
+
+Usage:
+    m = retrieval_metrics(retriever, questions, ks=(1, 5, 10))
+    m["recall@5"], m["answer_recall@5"], m["n_gold"]
+"""
+
+from __future__ import annotations
+
+from r3rag.metrics import normalize_answer
+from r3rag.protocol import Hit
+
+
+def gold_titles(question: dict) -> set[str]:
+    meta = question.get("metadata") or {}
+    titles = set(meta.get("supporting_titles") or [])
+    titles |= {p["title"] for p in meta.get("paragraphs") or [] if p.get("is_supporting")}
+    return titles
+
+
+def retrieval_metrics(retriever, questions: list[dict], ks=(1, 3, 5, 10), hop_queries: list[list[str]] | None = None,
+                      batch_size: int = 256) -> dict:
+    kmax = max(ks)
+    corpus_titles = {d["title"] for d in retriever.docs}
+    golds = [gold_titles(q) & corpus_titles for q in questions]
+    answers = [[normalize_answer(a) for a in q.get("golden_answers") or []] for q in questions]
+    ranked = _search([q["question"] for q in questions], retriever, kmax, batch_size)
+    out = {"n": len(questions), "n_gold": sum(1 for g in golds if g)}
+    out |= _figures(ranked, golds, answers, ks, prefix="")
+    if hop_queries is not None:
+        if len(hop_queries) != len(questions):
+            raise ValueError(f"hop_queries has {len(hop_queries)} lists for {len(questions)} questions")
+        flat = [q for qs in hop_queries for q in qs]
+        hits = iter(_search(flat, retriever, kmax, batch_size))
+        per_question = [[next(hits) for _ in qs] for qs in hop_queries]
+        out |= _figures_union(per_question, golds, answers, ks)
+    return out
+
+
+def _search(queries: list[str], retriever, k: int, batch_size: int) -> list[list[Hit]]:
+    out = []
+    for start in range(0, len(queries), batch_size):
+        out.extend(retriever.search(queries[start:start + batch_size], k))
+    return out
+
+
+def _figures(ranked: list[list[Hit]], golds, answers, ks, prefix: str) -> dict:
+    return _figures_union([[r] for r in ranked], golds, answers, ks, prefix)
+
+
+def _figures_union(per_question: list[list[list[Hit]]], golds, answers, ks, prefix: str = "hops_") -> dict:
+    """Figures where a question's top k is the union of the top k of each of its hit lists."""
+    out = {}
+    for k in ks:
+        rec, ans = [], []
+        for lists, gold, golds_a in zip(per_question, golds, answers):
+            top = [h for hits in lists for h in hits[:k]]
+            if gold:
+                rec.append(len(gold & {h.title for h in top}) / len(gold))
+            texts = [normalize_answer(f"{h.title} {h.text}") for h in top]
+            ans.append(float(any(a and _contains(t, a) for a in golds_a for t in texts)))
+        out[f"{prefix}recall@{k}"] = sum(rec) / len(rec) if rec else 0.0
+        out[f"{prefix}answer_recall@{k}"] = sum(ans) / len(ans) if ans else 0.0
+    return out
+
+
+def _contains(text: str, answer: str) -> bool:
+    # Whole words only, so "1" does not match inside "1912".
+    return f" {answer} " in f" {text} "
