@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-COMMANDS = ["world", "index", "synthesize", "sft", "rl", "eval", "run", "runs"]
+COMMANDS = ["world", "index", "synthesize", "sft", "rl", "eval", "run", "runs", "serve-retriever"]
 
 
 def r3rag(*args, cwd=None):

@@ -5,6 +5,7 @@ Usage:
     r3rag sft --config pipelines/demo.yaml --set epochs=2
     r3rag run pipelines/demo.yaml --set world.seed=7
     r3rag runs
+    r3rag serve-retriever --index index:latest --port 8000
 """
 
 from __future__ import annotations
@@ -94,6 +95,31 @@ def run_cmd(pipeline: Annotated[Path, typer.Argument(help="Pipeline YAML (e.g. p
 
         ref = run_pipeline(pipeline, list(set_ or []), runs_dir)
         print(ref.path)
+
+    _guard(go, debug)
+
+
+@app.command("serve-retriever")
+def serve_retriever_cmd(
+        index: Annotated[str, typer.Option("--index", help="Index artifact: index:latest, index:ID or a path.")] = "index:latest",
+        host: Annotated[str, typer.Option("--host", help="Interface to bind (0.0.0.0 exposes it to the network).")] = "127.0.0.1",
+        port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8000,
+        max_batch: Annotated[int, typer.Option("--max-batch", help="Most queries one request may send.")] = 512,
+        max_topk: Annotated[int, typer.Option("--max-topk", help="Largest topk a request may ask for.")] = 100,
+        runs_dir: RunsOpt = None, debug: DebugOpt = False):
+    """Serve an index over HTTP (Search-R1's `POST /retrieve`, plus `GET /health`), batching concurrent requests.
+
+    Stages search through it with `--set retriever=http://HOST:PORT` (and `--set index=`).
+    """
+
+    def go():
+        from r3rag.artifacts import resolve
+        from r3rag.retrieval.server import serve
+
+        if max_batch < 1 or max_topk < 1:
+            raise UserError("serve-retriever: --max-batch and --max-topk must be at least 1")
+        art = resolve(index, "index", runs_dir)
+        serve(art.path / "index", host=host, port=port, max_batch=max_batch, max_topk=max_topk)
 
     _guard(go, debug)
 

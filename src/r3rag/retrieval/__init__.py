@@ -3,6 +3,7 @@
 Usage:
     retriever = load_retriever(index_dir)        # reads index_dir/settings.json
     hits = retriever.search(["Ava Smith works"], k=3)
+    retriever = open_retriever(cfg.retriever, inputs.get("index"))   # in a stage: URL or index artifact
 """
 
 from __future__ import annotations
@@ -38,3 +39,23 @@ def load_retriever(index_dir: str | Path):
             return HybridRetriever.load(index_dir)
         case _:
             raise UserError(f"{settings_path}: unknown retrieval backend {backend!r}")
+
+
+def is_url(value: str | None) -> bool:
+    return bool(value) and value.startswith(("http://", "https://"))
+
+
+def open_retriever(url: str | None, index_ref=None):
+    """A stage's retriever: the server at `url` when one is given, else the index artifact's index.
+
+    `index_ref` is the index artifact (an ArtifactRef, or its directory); None when not resolved.
+    """
+    if url:
+        if not is_url(url):
+            raise UserError(f"retriever: {url!r} is not an http:// or https:// URL")
+        from r3rag.retrieval.remote import RemoteRetriever
+
+        return RemoteRetriever(url)
+    if index_ref is None:
+        raise UserError("no retriever: set index (an index artifact) or retriever (a server URL)")
+    return load_retriever(Path(getattr(index_ref, "path", index_ref)) / "index")

@@ -10,6 +10,7 @@ Usage:
 
     r3rag eval --set limit=400
     r3rag eval --set systems='[sft]' --set rl=
+    r3rag eval --set retriever=http://127.0.0.1:8000 --set index=    # search through a retrieval server
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ from r3rag.errors import UserError
 from r3rag.jsonl import read_jsonl, write_jsonl
 from r3rag.metrics import cover_match, exact_match, f1_score
 from r3rag.protocol import Protocol
-from r3rag.retrieval import load_retriever
+from r3rag.retrieval import is_url, open_retriever
 from r3rag.stages.common import Context, resolve_inputs, set_threads
 from r3rag.training import load_protocol_dict
 
@@ -41,6 +42,7 @@ class Config:
     name: str = "default"
     world: str = "world:latest"
     index: str = "index:latest"
+    retriever: str = ""  # a retrieval server URL (http://...) to search instead of the index
     sft: str = "sft:latest"
     rl: str = "rl:latest"  # "" when there is no RL policy
     systems: list[str] = field(default_factory=lambda: ["direct", "rag", "sft", "rl"])
@@ -59,7 +61,9 @@ def run(cfg: Config, ctx: Context):
     for s in cfg.systems:
         if s not in MODES:
             raise UserError(f"eval.systems: unknown system {s!r} (available: {', '.join(MODES)})")
-    needed = {"world", "index"} | {cfg.baseline_policy if MODES[s] != "iterative" else s for s in cfg.systems}
+    needed = {"world"} | {cfg.baseline_policy if MODES[s] != "iterative" else s for s in cfg.systems}
+    if not is_url(cfg.retriever):  # a retrieval server replaces the index
+        needed.add("index")
     fields = {k: v for k, v in INPUTS.items() if k in needed}
     for f in fields:
         if not getattr(cfg, f):
@@ -72,7 +76,7 @@ def run(cfg: Config, ctx: Context):
     set_threads(cfg.threads)
     questions = read_jsonl(inputs["world"].path / f"{cfg.split}.jsonl", required=("id", "question", "golden_answers"))
     questions = questions[: cfg.limit] if cfg.limit else questions
-    retriever = load_retriever(inputs["index"].path / "index")
+    retriever = open_retriever(cfg.retriever, inputs.get("index"))
     with writer:
         t0 = time.time()
         systems, predictions = {}, []

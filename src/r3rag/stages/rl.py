@@ -7,6 +7,7 @@ reward is a weighted sum of named components (`em`, `f1`, `format`), each logged
 Usage:
 
     r3rag rl --set steps=30 --set num_generations=8 --set rewards='{em: 1.0, format: 0.1}'
+    r3rag rl --set retriever=http://127.0.0.1:8000 --set index=    # search through a retrieval server
 """
 
 from __future__ import annotations
@@ -17,7 +18,7 @@ from dataclasses import dataclass, field
 from r3rag.env import EnvConfig, run_rollouts
 from r3rag.jsonl import read_jsonl
 from r3rag.protocol import Protocol
-from r3rag.retrieval import load_retriever
+from r3rag.retrieval import is_url, open_retriever
 from r3rag.stages.common import Context, resolve_inputs, set_threads
 from r3rag.training import device_flags, load_protocol_dict, save_policy
 
@@ -30,6 +31,7 @@ class Config:
     policy: str = "sft:latest"
     world: str = "world:latest"
     index: str = "index:latest"
+    retriever: str = ""  # a retrieval server URL (http://...) to search instead of the index
     split: str = "train"
     limit: int = 0
     steps: int = 20
@@ -51,7 +53,8 @@ class Config:
 
 
 def run(cfg: Config, ctx: Context):
-    inputs = resolve_inputs(cfg, INPUTS, ctx)
+    remote = is_url(cfg.retriever)  # the index is then not used at all
+    inputs = resolve_inputs(cfg, {k: v for k, v in INPUTS.items() if not (remote and k == "index")}, ctx)
     writer = ctx.writer("rl", cfg, inputs, INPUTS)
     if writer.existing:
         return ctx.skipped(writer)
@@ -62,7 +65,7 @@ def run(cfg: Config, ctx: Context):
     protocol_dict = load_protocol_dict(inputs["policy"].path)
     questions = read_jsonl(inputs["world"].path / f"{cfg.split}.jsonl", required=("id", "question", "golden_answers"))
     questions = questions[: cfg.limit] if cfg.limit else questions
-    retriever = load_retriever(inputs["index"].path / "index")
+    retriever = open_retriever(cfg.retriever, inputs.get("index"))
     with writer:
         t0 = time.time()
         trainer = build_trainer(model, tokenizer, questions, retriever, Protocol(**protocol_dict), cfg,

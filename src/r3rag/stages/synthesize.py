@@ -10,10 +10,15 @@ the index artifact's settings). Facts then differ from world to world, so a mode
 memorise them and must learn to read what it retrieves. Questions that mention an entity
 of the evaluation world's test split are dropped, so test entities stay unseen.
 
+`retriever: http://host:port` searches the evaluation world through a retrieval server
+(`r3rag serve-retriever`) instead of the index artifact; `extra_worlds` still needs the
+index artifact, whose BM25 settings it reuses.
+
 Usage:
 
     r3rag synthesize --set teacher=oracle --set top_k=3
     r3rag synthesize --set extra_worlds=50 --set extra_questions_per_world=400
+    r3rag synthesize --set retriever=http://127.0.0.1:8000 --set index=
 """
 
 from __future__ import annotations
@@ -27,7 +32,7 @@ from r3rag.env import EnvConfig, run_rollouts
 from r3rag.errors import UserError
 from r3rag.jsonl import read_jsonl, write_jsonl
 from r3rag.protocol import Protocol
-from r3rag.retrieval import load_retriever
+from r3rag.retrieval import is_url, open_retriever
 from r3rag.stages.common import Context, resolve_inputs
 from r3rag.teachers import oracle_generator, verify_oracle
 
@@ -39,6 +44,7 @@ class Config:
     name: str = "default"
     world: str = "world:latest"
     index: str = "index:latest"
+    retriever: str = ""  # a retrieval server URL (http://...) to search instead of the index
     split: str = "train"
     limit: int = 0  # 0 = every question of the split
     extra_worlds: int = 0
@@ -56,14 +62,18 @@ class Config:
 def run(cfg: Config, ctx: Context):
     if cfg.teacher != "oracle":
         raise UserError(f"synthesize.teacher: unknown teacher {cfg.teacher!r} (available: oracle)")
-    inputs = resolve_inputs(cfg, INPUTS, ctx)
+    if cfg.extra_worlds and not cfg.index:
+        raise UserError("synthesize.extra_worlds: needs the index artifact (its bm25 settings are reused per "
+                        "world); set index")
+    remote = is_url(cfg.retriever) and not cfg.extra_worlds  # the index is then not used at all
+    inputs = resolve_inputs(cfg, {k: v for k, v in INPUTS.items() if not (remote and k == "index")}, ctx)
     writer = ctx.writer("synthesize", cfg, inputs, INPUTS)
     if writer.existing:
         return ctx.skipped(writer)
     world_dir = inputs["world"].path
     questions = read_jsonl(world_dir / f"{cfg.split}.jsonl", required=("id", "question", "golden_answers"))
     questions = questions[: cfg.limit] if cfg.limit else questions
-    sources = [("world", questions, load_retriever(inputs["index"].path / "index"))]
+    sources = [("world", questions, open_retriever(cfg.retriever, inputs.get("index")))]
     if cfg.extra_worlds:
         sources += list(_extra_worlds(cfg, inputs))
     protocol = Protocol(template=cfg.template, doc_style=cfg.doc_style)

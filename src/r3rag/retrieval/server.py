@@ -1,0 +1,264 @@
+"""An HTTP retrieval server over any retriever, speaking Search-R1's `/retrieve` protocol.
+
+    POST /retrieve  {"queries": ["...", ...], "topk": 3, "return_scores": true}
+        -> {"result": [[{"document": {"id": ..., "contents": "title\\ntext"}, "score": 1.5}, ...], ...]}
+           (without return_scores each hit is the document itself, as in Search-R1)
+    GET  /health    -> {"status": "ok", "docs": n, "backend": "bm25", "max_batch": ..., ...}
+
+Bad input is always a 4xx with {"detail": message}: malformed JSON (400), a body over
+`max_body_bytes` (413), and for the fields (422) empty or non-list `queries`, a non-string
+or over-long query, a batch over `max_batch`, `topk` outside 1..`max_topk`.
+
+Batching. Retrievers are fastest on big batches (bm25s scores a whole batch in one sparse
+product), and a trainer's rollouts send many small concurrent requests. So request
+handlers do not search: they validate, put (queries, topk, future) on a queue and await
+the future. One background task, the batcher, takes the first waiting request, then any
+others already queued, waits up to `window_s` more only while other requests are still
+being received (so a lone client pays no window), and stops at `batch_queries` queries.
+It runs ONE `retriever.search(all_queries, max_topk_of_batch)` in a single worker thread
+(the event loop keeps accepting meanwhile; one thread because retrievers need not be
+thread-safe) and hands each request its rows, cut to its own topk. Requests that arrive
+during a search queue up and form the next batch, so under load batches grow by
+themselves. (Cutting top-max_k to k equals searching with k up to the order of tied scores.)
+
+Usage:
+    app = make_app(load_retriever("runs/index/default-abc/index"))
+    serve("runs/index/default-abc/index", port=8000)      # blocks; 127.0.0.1 by default
+    with running(app) as url: ...                          # a server in a thread (tests, benchmarks)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import json
+import socket
+import sys
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse, Response
+
+DEFAULT_TOPK = 3  # Search-R1's retrieval_topk when a request gives none
+
+
+class BadRequest(Exception):
+    def __init__(self, status: int, detail: str):
+        super().__init__(detail)
+        self.status, self.detail = status, detail
+
+
+class Batcher:
+    """Merges concurrent requests into one `search` call (see the module docstring)."""
+
+    def __init__(self, search, window_s: float = 0.003, batch_queries: int = 1024):
+        self.search, self.window_s, self.batch_queries = search, window_s, batch_queries
+        self.queue: asyncio.Queue | None = None
+        self.arriving = 0  # requests inside a handler that have not been queued yet
+        self.searches = 0
+        self._executor = ThreadPoolExecutor(1, thread_name_prefix="r3rag-retrieve")
+        self._task: asyncio.Task | None = None
+
+    def start(self) -> None:
+        self.queue = asyncio.Queue()
+        self._task = asyncio.get_running_loop().create_task(self._loop())
+
+    async def stop(self) -> None:
+        if self._task:
+            self._task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._task
+        self._executor.shutdown(wait=False)
+
+    async def submit(self, queries: list[str], k: int) -> list[list]:
+        fut = asyncio.get_running_loop().create_future()
+        self.queue.put_nowait((queries, k, fut))
+        return await fut
+
+    async def _loop(self) -> None:
+        while True:
+            batch = await self._collect()
+            try:
+                await self._run(batch)
+            except Exception as e:  # a failing retriever fails its requests, not the server
+                for _, _, fut in batch:
+                    if not fut.done():
+                        fut.set_exception(e)
+
+    async def _collect(self) -> list[tuple]:
+        loop = asyncio.get_running_loop()
+        batch = [await self.queue.get()]
+        n = len(batch[0][0])
+        deadline = loop.time() + self.window_s
+        while n < self.batch_queries:
+            if self.queue.empty():
+                remaining = deadline - loop.time()
+                if self.arriving <= 0 or remaining <= 0:
+                    break
+                try:
+                    item = await asyncio.wait_for(self.queue.get(), remaining)
+                except TimeoutError:
+                    break
+            else:
+                item = self.queue.get_nowait()
+            batch.append(item)
+            n += len(item[0])
+        return batch
+
+    async def _run(self, batch: list[tuple]) -> None:
+        queries = [q for qs, _, _ in batch for q in qs]
+        k = max(k for _, k, _ in batch)
+        self.searches += 1
+        rows = await asyncio.get_running_loop().run_in_executor(self._executor, self.search, queries, k)
+        lo = 0
+        for qs, k_req, fut in batch:
+            if not fut.done():  # the client may have gone away
+                fut.set_result([row[:k_req] for row in rows[lo: lo + len(qs)]])
+            lo += len(qs)
+
+
+def make_app(retriever, max_batch: int = 512, max_topk: int = 100, max_query_chars: int = 2000,
+             max_body_bytes: int | None = None, window_s: float = 0.003, batch_queries: int = 1024) -> FastAPI:
+    """The FastAPI app; `max_body_bytes` defaults to what max_batch maximal queries can need."""
+    if max_body_bytes is None:
+        max_body_bytes = max_batch * (6 * max_query_chars + 8) + 4096  # a char is at most 6 bytes escaped
+    batcher = Batcher(retriever.search, window_s=window_s, batch_queries=max(batch_queries, max_batch))
+    limits = {"max_batch": max_batch, "max_topk": max_topk, "max_query_chars": max_query_chars}
+
+    @contextlib.asynccontextmanager
+    async def lifespan(app):
+        batcher.start()
+        yield
+        await batcher.stop()
+
+    app = FastAPI(title="r3rag retrieval", lifespan=lifespan)
+    app.state.batcher = batcher
+    stats = {"requests": 0, "queries": 0}
+
+    @app.exception_handler(BadRequest)
+    async def _bad_request(request, e: BadRequest):
+        return JSONResponse({"detail": e.detail}, status_code=e.status)
+
+    @app.get("/health")
+    async def health():
+        docs = getattr(retriever, "docs", None)
+        settings = getattr(retriever, "settings", {}) or {}
+        return {"status": "ok", "docs": len(docs) if docs is not None else settings.get("num_docs"),
+                "backend": settings.get("backend", type(retriever).__name__), **limits,
+                **stats, "searches": batcher.searches}
+
+    @app.post("/retrieve")
+    async def retrieve(request: Request):
+        batcher.arriving += 1
+        try:
+            body = await _read_json(request, max_body_bytes)
+            queries, topk, with_scores = _validate(body, **limits)
+        finally:
+            batcher.arriving -= 1
+        rows = await batcher.submit(queries, topk)
+        stats["requests"] += 1
+        stats["queries"] += len(queries)
+        result = [[_hit_json(h, with_scores) for h in row] for row in rows]
+        return Response(json.dumps({"result": result}, ensure_ascii=False), media_type="application/json")
+
+    return app
+
+
+def _hit_json(h, with_scores: bool) -> dict:
+    doc = {"id": h.doc_id, "contents": f"{h.title}\n{h.text}"}
+    return {"document": doc, "score": h.score} if with_scores else doc
+
+
+async def _read_json(request: Request, max_bytes: int):
+    length = request.headers.get("content-length")
+    if length is not None and length.isdigit() and int(length) > max_bytes:
+        raise BadRequest(413, f"request body of {length} bytes is over the limit of {max_bytes}")
+    chunks, size = [], 0
+    async for chunk in request.stream():  # counted as it streams: chunked bodies have no length
+        size += len(chunk)
+        if size > max_bytes:
+            raise BadRequest(413, f"request body is over the limit of {max_bytes} bytes")
+        chunks.append(chunk)
+    try:
+        return json.loads(b"".join(chunks))
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise BadRequest(400, f"malformed JSON body: {e}") from None
+
+
+def _validate(body, max_batch: int, max_topk: int, max_query_chars: int) -> tuple[list[str], int, bool]:
+    if not isinstance(body, dict):
+        raise BadRequest(422, "body must be a JSON object with 'queries'")
+    queries = body.get("queries")
+    if not isinstance(queries, list):
+        raise BadRequest(422, "'queries' must be a list of strings")
+    if not queries:
+        raise BadRequest(422, "'queries' is empty")
+    if len(queries) > max_batch:
+        raise BadRequest(422, f"{len(queries)} queries is over max_batch={max_batch}; split the batch")
+    for i, q in enumerate(queries):
+        if not isinstance(q, str):
+            raise BadRequest(422, f"queries[{i}] must be a string, got {type(q).__name__}")
+        if len(q) > max_query_chars:
+            raise BadRequest(422, f"queries[{i}] has {len(q)} characters, over max_query_chars={max_query_chars}")
+    topk = body.get("topk")
+    topk = DEFAULT_TOPK if topk is None else topk
+    if not isinstance(topk, int) or isinstance(topk, bool) or not 1 <= topk <= max_topk:
+        raise BadRequest(422, f"'topk' must be an integer from 1 to {max_topk}, got {topk!r}")
+    with_scores = body.get("return_scores", False)
+    if not isinstance(with_scores, bool):
+        raise BadRequest(422, "'return_scores' must be true or false")
+    return queries, topk, with_scores
+
+
+def serve(index_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning",
+          **limits) -> None:
+    """Load the index in `index_dir` and serve it until interrupted."""
+    import uvicorn
+
+    from r3rag.retrieval import load_retriever
+
+    sock = _bind(host, port)  # before loading, so a taken port fails fast
+    retriever = load_retriever(index_dir)
+    app = make_app(retriever, **limits)
+    print(f"serving {index_dir} ({len(getattr(retriever, 'docs', []))} docs) at http://{host}:{port} "
+          "(Ctrl-C stops)", file=sys.stderr, flush=True)
+    uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False)).run(sockets=[sock])
+
+
+@contextlib.contextmanager
+def running(app: FastAPI, host: str = "127.0.0.1", port: int = 0):
+    """Serve `app` from a background thread; yields its base URL and stops it on exit."""
+    import uvicorn
+
+    sock = _bind(host, port)  # bound here so the port (0 = any free one) is known before serving
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    thread.start()
+    try:
+        deadline = time.monotonic() + 10
+        while not server.started:
+            if not thread.is_alive() or time.monotonic() > deadline:
+                raise RuntimeError("retrieval server did not start")
+            time.sleep(0.01)
+        yield f"http://{host}:{sock.getsockname()[1]}"
+    finally:
+        server.should_exit = True
+        thread.join(timeout=10)
+        sock.close()
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    from r3rag.errors import UserError
+
+    # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so (else +40 ms per request)
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host, port))
+    except OSError as e:
+        sock.close()
+        raise UserError(f"serve-retriever: cannot listen on {host}:{port}: {e.strerror or e}") from None
+    return sock
