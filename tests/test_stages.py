@@ -61,7 +61,7 @@ def test_eval_metrics_shape(pipeline_runs):
     assert len(preds) == 4 * 12 and {p["system"] for p in preds} == {"direct", "rag", "sft", "rl"}
     assert all(p["searches"] == 0 for p in preds if p["system"] == "direct")
     assert all(p["searches"] == 1 for p in preds if p["system"] == "rag")
-    assert len(list_artifacts(runs)) == 6
+    assert {"world", "index", "synthesize", "sft", "rl", "eval"} <= {a.stage for a in list_artifacts(runs)}
 
 
 def test_rerun_reuses_existing_artifacts(pipeline_runs):

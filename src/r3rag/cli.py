@@ -81,6 +81,22 @@ for _stage in ("world", "index", "synthesize", "sft", "rl", "eval"):
     app.command(_stage, epilog=_config_epilog(_stage))(_stage_command(_stage))
 
 
+@app.command("report", epilog=_config_epilog("report"))
+def report_cmd(evals: Annotated[Optional[list[str]], typer.Argument(help="Eval artifacts: eval:latest, eval:<id> or a directory.")] = None,
+               name: Annotated[str, typer.Option(help="Name of the report artifact.")] = "default",
+               runs_dir: RunsOpt = None, debug: DebugOpt = False):
+    """One table over eval artifacts (terminal, Markdown, CSV), a bar chart PNG and an HTML trajectory viewer."""
+
+    def go():
+        from r3rag.pipeline import run_stage
+
+        overrides = [f"name={name}"] + ([f"evals=[{','.join(evals)}]"] if evals else [])
+        ref = run_stage("report", None, overrides, runs_dir)
+        print(ref.path)
+
+    _guard(go, debug)
+
+
 @app.command("run")
 def run_cmd(pipeline: Annotated[Path, typer.Argument(help="Pipeline YAML (e.g. pipelines/demo.yaml).")],
             set_: SetOpt = None, runs_dir: RunsOpt = None, debug: DebugOpt = False):

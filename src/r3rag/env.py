@@ -38,7 +38,8 @@ class Trajectory:
     prompt_ids: list[int] | None = None
     turns: list[Turn] = field(default_factory=list)
     steps: list[dict] = field(default_factory=list)
-    retrieved: list[list[str]] = field(default_factory=list)
+    retrieved: list[list[str]] = field(default_factory=list)  # doc ids per search
+    documents: list[list[dict]] = field(default_factory=list)  # {id, title, text, score} per search
     answer: str | None = None
     finish_reason: FinishReason | None = None
 
@@ -131,6 +132,13 @@ def add_env_turn(traj: Trajectory, text: str, tokenizer=None) -> None:
     traj.turns.append(Turn("env", text, _encode(tokenizer, text)))
 
 
+def add_search_result(traj: Trajectory, hits: list, protocol: Protocol, tokenizer=None) -> None:
+    traj.retrieved.append([h.doc_id for h in hits])
+    traj.documents.append([{"id": h.doc_id, "title": h.title, "text": h.text, "score": round(h.score, 4)}
+                           for h in hits])
+    add_env_turn(traj, protocol.render_docs(hits), tokenizer)
+
+
 def run_rollouts(examples: list[dict], generator: Generator, retriever: Retriever | None, protocol: Protocol,
                  cfg: EnvConfig, tokenizer=None, on_turn=None) -> list[Trajectory]:
     """Run the batched loop to completion; `on_turn(n_done, n_total)` reports progress."""
@@ -138,8 +146,7 @@ def run_rollouts(examples: list[dict], generator: Generator, retriever: Retrieve
     if cfg.mode == "rag":
         hits = retriever.search([t.question for t in trajs], cfg.top_k)
         for t, h in zip(trajs, hits):
-            t.retrieved.append([x.doc_id for x in h])
-            add_env_turn(t, protocol.render_docs(h), tokenizer)
+            add_search_result(t, h, protocol, tokenizer)
     prefill = protocol.answer_prefill() if cfg.mode in ("direct", "rag") else ""
     for turn_no in range(cfg.max_turns):
         active = [t for t in trajs if not t.done]
@@ -158,8 +165,7 @@ def run_rollouts(examples: list[dict], generator: Generator, retriever: Retrieve
         if searching:
             hits = retriever.search([t.steps[-1]["query"] for t in searching], cfg.top_k)
             for t, h in zip(searching, hits):
-                t.retrieved.append([x.doc_id for x in h])
-                add_env_turn(t, protocol.render_docs(h), tokenizer)
+                add_search_result(t, h, protocol, tokenizer)
                 if tokenizer is not None and t.completion_length() > cfg.max_completion_tokens:
                     t.finish_reason = "length"
         if on_turn:

@@ -27,7 +27,7 @@ from r3rag.artifacts import ArtifactRef, load_manifest
 from r3rag.env import EnvConfig, run_rollouts
 from r3rag.errors import UserError
 from r3rag.jsonl import read_jsonl, write_jsonl
-from r3rag.metrics import cover_match, exact_match, f1_score
+from r3rag.metrics import bootstrap_ci, cover_match, exact_match, f1_score
 from r3rag.protocol import Protocol
 from r3rag.retrieval import is_url, open_retriever
 from r3rag.stages.common import Context, resolve_inputs, set_threads
@@ -125,6 +125,7 @@ def _prediction(system: str, traj, q: dict) -> dict:
         "searches": len(traj.retrieved), "hops": q.get("metadata", {}).get("hops"),
         "gold_doc_recall": (len(set(needed) & found) / len(needed)) if needed else None,
         "turns": [{"role": t.role, "text": t.text} for t in traj.turns],
+        "retrieved_docs": traj.documents, "gold_docs": needed,
     }
 
 
@@ -137,6 +138,7 @@ def summarize(rows: list[dict]) -> dict:
         by_hops[str(h)] = {"em": round(sum(r["em"] for r in sub) / len(sub), 4), "n": len(sub)}
     recall = [r["gold_doc_recall"] for r in rows if r["gold_doc_recall"] is not None]
     return {"em": mean("em"), "f1": mean("f1"), "cover": mean("cover"), "n": n,
+            "em_ci": bootstrap_ci([r["em"] for r in rows]), "f1_ci": bootstrap_ci([r["f1"] for r in rows]),
             "searches": mean("searches"), "finish_reasons": dict(Counter(r["finish_reason"] for r in rows)),
             "gold_doc_recall": round(sum(recall) / len(recall), 4) if recall else None, "by_hops": by_hops}
 

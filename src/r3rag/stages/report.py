@@ -1,0 +1,49 @@
+"""`r3rag report`: one table over several eval artifacts, plus a bar chart and a trajectory viewer.
+
+Writes `report.md`, `report.csv`, `em_f1.png` (EM/F1 per system and dataset, 95% bootstrap
+intervals as whiskers) and `viewer.html` (one self-contained file: per question the steps,
+queries, retrieved documents with the gold ones highlighted, the answer and whether it is
+right; a checkbox filters to failures), and prints the table.
+
+Usage:
+
+    r3rag report                                  # the newest eval artifact
+    r3rag report eval:latest runs/eval/demo-abc123 --name compare
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from r3rag.artifacts import resolve
+from r3rag.errors import UserError
+from r3rag.report import collect_rows, plot_bars, rich_table, write_csv, write_markdown, write_viewer
+from r3rag.stages.common import Context
+
+INPUTS: dict[str, str] = {}  # the eval artifacts come as a list: see `evals`
+
+
+@dataclass
+class Config:
+    name: str = "default"
+    evals: list[str] = field(default_factory=lambda: ["eval:latest"])
+    max_per_system: int = 300  # trajectories per system in the viewer
+
+
+def run(cfg: Config, ctx: Context):
+    if not cfg.evals:
+        raise UserError("report: give at least one eval artifact")
+    refs = [resolve(r, "eval", ctx.runs_dir) for r in cfg.evals]
+    inputs = {f"eval{i}": ref for i, ref in enumerate(refs)}
+    writer = ctx.writer("report", cfg, inputs, {"evals": "eval"})
+    rows = collect_rows([r.path for r in refs])
+    ctx.console.print(rich_table(rows))
+    if writer.existing:
+        return ctx.skipped(writer)
+    with writer:
+        write_markdown(rows, writer.dir / "report.md")
+        write_csv(rows, writer.dir / "report.csv")
+        plot_bars(rows, writer.dir / "em_f1.png")
+        n = write_viewer([r.path for r in refs], writer.dir / "viewer.html", cfg.max_per_system)
+        writer.metrics.update({"rows": len(rows), "viewer_trajectories": n})
+    return ctx.done(writer)
