@@ -10,7 +10,7 @@ SET ?=
 RUN := $(R3RAG) run $(PIPELINE) --set world.seed=$(SEED) $(SET)
 STAGE_ARGS := --config $(PIPELINE) --set seed=$(SEED)
 
-.PHONY: install test test-all demo world index synthesize sft rl eval runs clean
+.PHONY: install test test-fast demo world index synthesize sft rl eval report serve-retriever runs clean
 
 install: $(VENV)/.installed
 
@@ -21,10 +21,10 @@ $(VENV)/.installed: pyproject.toml
 	touch $@
 
 test: install
-	$(PY) -m pytest -q -m "not slow"
-
-test-all: install
 	$(PY) -m pytest -q
+
+test-fast: install
+	$(PY) -m pytest -q -m "not slow"
 
 demo: install
 	$(RUN)
@@ -34,6 +34,12 @@ world: install
 	$(R3RAG) world --config $(PIPELINE) --set seed=$(SEED)
 index synthesize sft rl eval: install
 	$(R3RAG) $@ --config $(PIPELINE)
+
+report: install
+	$(R3RAG) report
+
+serve-retriever: install
+	$(R3RAG) serve-retriever --index index:latest
 
 runs: install
 	$(R3RAG) runs

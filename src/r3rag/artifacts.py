@@ -72,12 +72,12 @@ def hash_tree(root: Path) -> tuple[str, dict]:
     for p in sorted(root.rglob("*")):
         if p.is_file() and p.name != MANIFEST:
             rel = p.relative_to(root).as_posix()
-            files[rel] = {"sha256": _file_sha256(p), "bytes": p.stat().st_size}
+            files[rel] = {"sha256": file_sha256(p), "bytes": p.stat().st_size}
     total = hashlib.sha256(json.dumps(files, sort_keys=True).encode()).hexdigest()
     return total, files
 
 
-def _file_sha256(path: Path) -> str:
+def file_sha256(path: Path) -> str:
     h = hashlib.sha256()
     with open(path, "rb") as f:
         for chunk in iter(lambda: f.read(1 << 20), b""):

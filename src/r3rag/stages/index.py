@@ -19,13 +19,12 @@ Usage:
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 import time
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from r3rag.artifacts import resolve
+from r3rag.artifacts import file_sha256, resolve
 from r3rag.data.corpus import load_corpus
 from r3rag.errors import UserError
 from r3rag.stages.common import Context
@@ -68,7 +67,7 @@ def run(cfg: Config, ctx: Context):
     if not inputs and not cfg.corpus:
         raise UserError("index: set either world (an artifact) or corpus (a JSONL file)")
     corpus_path = inputs["world"].path / "corpus.jsonl" if inputs else Path(cfg.corpus)
-    sha = file_sha256(corpus_path)
+    sha = corpus_sha256(corpus_path)
     # Hash the corpus file by content, not by path; the manifest keeps the path as given.
     hashed = dataclasses.replace(cfg, corpus=f"sha256:{sha}") if cfg.corpus else cfg
     writer = ctx.writer("index", hashed, inputs, INPUTS)
@@ -109,11 +108,7 @@ def build(cfg: Config, docs: list[dict]):
             return HybridRetriever.build(docs, bm25=bm25, dense=dense, rrf_k=cfg.rrf_k, candidates=cfg.candidates)
 
 
-def file_sha256(path: Path) -> str:
+def corpus_sha256(path: Path) -> str:
     if not path.is_file():
         raise UserError(f"{path}: corpus file not found")
-    h = hashlib.sha256()
-    with open(path, "rb") as f:
-        for chunk in iter(lambda: f.read(1 << 20), b""):
-            h.update(chunk)
-    return h.hexdigest()
+    return file_sha256(path)
