@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-COMMANDS = ["world", "index", "synthesize", "sft", "rl", "eval", "run", "runs", "serve-retriever"]
+COMMANDS = ["world", "index", "synthesize", "sft", "rl", "eval", "run", "runs", "serve-retriever", "report", "eval-retrieval"]
 
 
 def r3rag(*args, cwd=None):
@@ -55,3 +55,27 @@ def test_missing_model_path(tmp_path, pipeline_runs):
     runs, _ = pipeline_runs
     out = r3rag("sft", "--runs-dir", str(runs), "--set", f"model={tmp_path}/no-model", "--set", "world=", cwd=tmp_path)
     _assert_one_line_error(out, "no-model", "does not exist")
+
+
+def test_eval_retrieval_on_real_hotpotqa(tmp_path):
+    import json
+
+    from r3rag.data.shared import shared_data
+
+    root = shared_data()
+    if root is None:
+        pytest.skip("shared data not found (../shared/data or $R3RAG_DATA)")
+    runs = tmp_path / "runs"
+    corpus = root / "corpus/hotpotqa_dev_context_pool.jsonl"
+    assert r3rag("index", "--runs-dir", str(runs), "--set", f"corpus={corpus}", "--set", "world=").returncode == 0
+    qfile = root / "hotpotqa/dev_distractor_ircot_subsample.jsonl"
+    first = json.loads(qfile.read_text().splitlines()[0])
+    gold = sorted(first["metadata"]["supporting_titles"])
+    hops = tmp_path / "hops.jsonl"
+    hops.write_text(json.dumps({"id": first["id"], "queries": gold}) + "\n")  # the titles as queries: oracle hops
+    out = r3rag("eval-retrieval", str(qfile), "--runs-dir", str(runs), "--limit", "1", "--ks", "1,10",
+                "--hop-queries", str(hops))
+    assert out.returncode == 0, out.stderr
+    m = json.loads(out.stdout.strip().splitlines()[-1])
+    assert m["n"] == 1 and m["n_gold"] == 1
+    assert m["hops_recall@10"] == 1.0 and 0.0 <= m["recall@1"] <= 0.5

@@ -97,6 +97,53 @@ def report_cmd(evals: Annotated[Optional[list[str]], typer.Argument(help="Eval a
     _guard(go, debug)
 
 
+@app.command("eval-retrieval")
+def eval_retrieval_cmd(
+    questions: Annotated[Path, typer.Argument(help="Question JSONL (id, question, golden_answers, metadata with supporting_titles or paragraphs).")],
+    index: Annotated[str, typer.Option(help="Index artifact: index:latest, index:<id> or a directory.")] = "index:latest",
+    ks: Annotated[str, typer.Option(help="Comma-separated k values.")] = "1,3,5,10",
+    limit: Annotated[int, typer.Option(help="First N questions (0 = all).")] = 0,
+    hop_queries: Annotated[Optional[Path], typer.Option(help="JSONL of {id, queries: [...]}: also score the union of these hop queries' results.")] = None,
+    runs_dir: RunsOpt = None, debug: DebugOpt = False):
+    """Retrieval quality: recall@k of gold supporting passages and answer-recall@k, single-shot with
+    the question text (and for given hop queries). Prints a table, then one line of JSON."""
+
+    def go():
+        import json
+
+        from rich.console import Console
+        from rich.table import Table
+
+        from r3rag.artifacts import default_runs_dir, resolve
+        from r3rag.jsonl import read_jsonl
+        from r3rag.retrieval import load_retriever
+        from r3rag.retrieval.evaluate import retrieval_metrics
+
+        art = resolve(index, "index", runs_dir or default_runs_dir())
+        qs = read_jsonl(questions, required=("id", "question"))
+        qs = qs[:limit] if limit else qs
+        hops = None
+        if hop_queries:
+            by_id = {str(r["id"]): r["queries"] for r in read_jsonl(hop_queries, required=("id", "queries"))}
+            hops = [by_id.get(str(q["id"]), []) for q in qs]
+        try:
+            k_values = tuple(int(k) for k in ks.split(","))
+        except ValueError:
+            raise UserError(f"--ks {ks!r}: expected comma-separated integers") from None
+        m = retrieval_metrics(load_retriever(art.path / "index"), qs, ks=k_values, hop_queries=hops)
+        table = Table(title=f"retrieval: {art.id} on {questions.name} (n={m['n']}, with gold passages: {m['n_gold']})")
+        table.add_column("metric")
+        for k in k_values:
+            table.add_column(f"@{k}", justify="right")
+        for name in [p + base for p in ("", "hops_") for base in ("recall", "answer_recall")]:
+            if f"{name}@{k_values[0]}" in m:
+                table.add_row(name, *(f"{m[f'{name}@{k}']:.3f}" for k in k_values))
+        Console(stderr=True).print(table)
+        print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in m.items()}))
+
+    _guard(go, debug)
+
+
 @app.command("run")
 def run_cmd(pipeline: Annotated[Path, typer.Argument(help="Pipeline YAML (e.g. pipelines/demo.yaml).")],
             set_: SetOpt = None, runs_dir: RunsOpt = None, debug: DebugOpt = False):
