@@ -177,3 +177,84 @@ def test_retrieval_metrics_by_hand():
     assert m["recall@1"] == 0.5 and m["recall@6"] == 1.0  # Volcano first, Bitcoin somewhere in the 6
     assert m["answer_recall@1"] == 0.5 and m["answer_recall@6"] == 1.0  # "planet crust" finds Volcano first
     assert m["hops_answer_recall@1"] == 1.0  # "antibiotic" finds Penicillin (Fleming)
+
+
+# --- bm25: the sparse-product search gives bm25s' own `retrieve` results ------------------------------
+
+import numpy as np  # noqa: E402
+
+
+def _assert_same_as_bm25s(r: BM25Retriever, queries: list[str], k: int = 10) -> int:
+    """Ours vs bm25s' retrieve: same scores (1e-5 rel.) and ids in order, up to exact score ties.
+
+    A tie group inside the top k must hold the same ids; one that runs past position k only has to
+    hold ids with that score (bm25s picks arbitrary members). Returns how many hits were compared.
+    """
+    import bm25s
+
+    tokens = bm25s.tokenize(queries, stopwords=r.settings["stopwords"], return_ids=False, show_progress=False)
+    ref_idx, ref_scores = r.model.retrieve(tokens, k=k, show_progress=False, n_threads=0)
+    ours = r.search(queries, k)
+    pos = {d["id"]: i for i, d in enumerate(r.docs)}
+    n = 0
+    for q, toks, hits, ri, rs in zip(queries, tokens, ours, ref_idx, ref_scores):
+        full = r.model.get_scores(toks) if toks else np.zeros(len(r.docs), dtype=np.float32)
+        oi = np.array([pos[h.doc_id] for h in hits])
+        os_ = np.array([h.score for h in hits])
+        assert len(hits) == k, q
+        np.testing.assert_allclose(os_, rs, rtol=1e-5, atol=0, err_msg=q)
+        np.testing.assert_allclose(full[oi], os_, rtol=1e-5, atol=0, err_msg=q)
+        for v in np.unique(rs):
+            at = np.flatnonzero(rs == v)
+            if len(at) == 1 and (full == v).sum() == 1:
+                assert oi[at[0]] == ri[at[0]], (q, at[0])
+            elif (full == v).sum() == len(at):  # the whole tie group is inside the top k
+                assert set(oi[at]) == set(ri[at]), (q, v)
+            else:
+                assert np.all(full[oi[at]] == v), (q, v)
+        n += k
+    return n
+
+
+def test_bm25_search_matches_bm25s_retrieve_on_hotpotqa():
+    root = shared_data()
+    if root is None:
+        pytest.skip("shared data not found (../shared/data or $R3RAG_DATA)")
+    docs = load_corpus(root / "corpus/hotpotqa_dev_context_pool.jsonl")
+    questions = [q["question"] for q in read_jsonl(root / "hotpotqa/dev_distractor_ircot_subsample.jsonl")]
+    r = BM25Retriever.build(docs)
+    assert _assert_same_as_bm25s(r, questions) == 10 * len(questions)
+
+
+def test_bm25_search_matches_bm25s_retrieve_on_world(tmp_path):
+    from r3rag.data.world import WorldConfig, generate_world
+
+    world = generate_world(WorldConfig(seed=1))
+    queries = [hop["query"] for q in world.test for hop in q["metadata"]["chain"]]
+    assert len(queries) > 50
+    built = BM25Retriever.build(world.docs)
+    _assert_same_as_bm25s(built, queries)
+    built.save(tmp_path / "idx")
+    loaded = BM25Retriever.load(tmp_path / "idx")  # memory-mapped arrays
+    assert isinstance(loaded.model.scores["indices"], np.memmap)
+    _assert_same_as_bm25s(loaded, queries)
+    # A repeated token counts once per occurrence, as in bm25s.
+    q = queries[0]
+    _assert_same_as_bm25s(loaded, [q, f"{q} {q}", f"{q} {q.split()[0]}"])
+    # Negative idf (robertson: unmatched docs can outrank matched ones) and a non-occurrence
+    # constant (bm25l) take the dense fallback or shift every score.
+    for method in ("robertson", "bm25l"):
+        _assert_same_as_bm25s(BM25Retriever.build(world.docs, method=method), queries[:300])
+
+
+def test_bm25_search_empty_and_unknown_queries():
+    docs = small_corpus()
+    r = BM25Retriever.build(docs)
+    for q in ["", "the a of", "zzqx unknownword", "!!"]:
+        hits = r.search([q], 5)[0]
+        assert [h.doc_id for h in hits] == [d["id"] for d in docs[:5]] and all(h.score == 0.0 for h in hits), q
+    # Mixed with real queries in one batch, and k larger than the matching docs: zero-score filler by index.
+    out = r.search(["violin bow", "", "Penicillin"], 4)
+    assert out[0][0].doc_id == "t1" and out[2][0].doc_id == "t5" and out[1][0].score == 0.0
+    assert [h.doc_id for h in out[2][1:]] == ["t0", "t1", "t2"] and all(h.score == 0.0 for h in out[2][1:])
+    assert r.search([], 3) == []

@@ -7,6 +7,13 @@ Usage:
     r = BM25Retriever.build(docs, stopwords="en", stemmer=None)
     r.save(index_dir); r = BM25Retriever.load(index_dir)
     r.search(["Zentro Labs headquartered"], k=3)
+
+Search does not go through bm25s' `retrieve` (without numba it scores with `np.add.at`, one query
+at a time): the model's precomputed score matrix (vocab x docs, CSR) is multiplied by a sparse
+query matrix, a chunk of queries at a time, and only the documents that match a query token are
+ranked. The scores are the same float32 sums in the same order as bm25s' (a repeated query token
+counts once per occurrence, unknown tokens are dropped); ties are broken by ascending document
+index, so the result is deterministic.
 """
 
 from __future__ import annotations
@@ -21,6 +28,10 @@ from r3rag.protocol import Hit
 # bm25s imports JAX when present; forking after that deadlocks (seen on GPU machines).
 sys.modules.setdefault("jax", None)
 import bm25s  # noqa: E402
+import numpy as np  # noqa: E402
+from scipy import sparse  # noqa: E402
+
+CHUNK = 128  # queries per sparse product: bounds its size (at most CHUNK x num_docs entries)
 
 
 def _stemmer(name: str | None):
@@ -35,9 +46,83 @@ def _stemmer(name: str | None):
     return Stemmer.Stemmer(name).stemWord
 
 
+def _topk(scores: np.ndarray, cols: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
+    """The k best (score, col) pairs, best first, ties by ascending col; needs len(scores) >= k."""
+    if len(scores) > k:
+        kth = np.partition(scores, len(scores) - k)[len(scores) - k]
+        above, tied = np.flatnonzero(scores > kth), np.flatnonzero(scores == kth)
+        need = k - len(above)
+        if len(tied) > need:  # keep the tied entries with the smallest cols
+            tied = tied[np.argpartition(cols[tied], need - 1)[:need]]
+        keep = np.concatenate([above, tied])
+        scores, cols = scores[keep], cols[keep]
+    order = np.lexsort((cols, -scores))
+    return scores[order], cols[order]
+
+
 class BM25Retriever:
     def __init__(self, model: "bm25s.BM25", docs: list[dict], settings: dict):
         self.model, self.docs, self.settings = model, docs, settings
+        self._matrix = self._score_matrix(model)  # vocab x docs
+
+    @staticmethod
+    def _score_matrix(model: "bm25s.BM25") -> "sparse.csr_matrix":
+        """bm25s' precomputed scores (its "csc" arrays: indptr over tokens) as a vocab x docs CSR."""
+        sc = model.scores
+        data, indices, indptr = sc["data"], sc["indices"], sc["indptr"]
+        # One index dtype for both arrays, or scipy converts them on every product. indptr is the
+        # small one (vocab + 1 entries): convert it and leave a memory-mapped `indices` mapped.
+        idx = indices.dtype if indices.dtype in (np.int32, np.int64) else np.dtype(np.int64)
+        if len(data) > np.iinfo(idx).max:
+            idx = np.dtype(np.int64)
+        return sparse.csr_matrix((data, indices.astype(idx, copy=False), indptr.astype(idx, copy=False)),
+                                 shape=(len(indptr) - 1, int(sc["num_docs"])), copy=False)
+
+    def _token_ids(self, tokens: list[str]) -> list[int]:
+        # The vocab may hold "" (bm25s' empty token) past the matrix's last row: drop it too.
+        vocab, n = self.model.vocab_dict, self._matrix.shape[0]
+        return [i for i in (vocab.get(t) for t in tokens) if i is not None and i < n]
+
+    def _scores(self, tokens: list[list[str]], k: int) -> tuple[list[np.ndarray], list[np.ndarray]]:
+        """Top-k doc indices and scores per tokenised query (same scores as bm25s' `retrieve`)."""
+        matrix = self._matrix
+        num_docs = matrix.shape[1]
+        dtype = matrix.dtype
+        nonocc = self.model.nonoccurrence_array  # BM25L / BM25+: a constant added to every doc
+        out_idx, out_scores = [], []
+        for start in range(0, len(tokens), CHUNK):
+            ids = [self._token_ids(t) for t in tokens[start:start + CHUNK]]
+            lengths = np.fromiter((len(q) for q in ids), dtype=matrix.indptr.dtype, count=len(ids))
+            q_indptr = np.zeros(len(ids) + 1, dtype=matrix.indptr.dtype)
+            np.cumsum(lengths, out=q_indptr[1:])
+            q_indices = np.fromiter((i for q in ids for i in q), dtype=matrix.indices.dtype, count=int(q_indptr[-1]))
+            # Duplicates stay separate entries in query order: scipy then sums exactly as bm25s does.
+            query = sparse.csr_matrix((np.ones(len(q_indices), dtype=dtype), q_indices, q_indptr),
+                                      shape=(len(ids), matrix.shape[0]), copy=False)
+            product = query @ matrix  # CSR, only the documents that match a query token
+            p_data, p_cols, p_ptr = product.data, product.indices, product.indptr
+            for r, q in enumerate(ids):
+                vals, cols = p_data[p_ptr[r]:p_ptr[r + 1]], p_cols[p_ptr[r]:p_ptr[r + 1]]
+                base = dtype.type(0)
+                if nonocc is not None and q:  # as bm25s: scores += nonoccurrence_array[ids].sum()
+                    extra = nonocc[np.asarray(q)].sum()
+                    base = (np.zeros(1, dtype=dtype) + extra).astype(dtype)[0]
+                    vals = (vals + extra).astype(dtype, copy=False)
+                if len(vals) >= k:
+                    top_s, top_i = _topk(vals, cols, k)
+                    if top_s[-1] > base:  # the unmatched documents (score `base`) cannot enter
+                        out_idx.append(top_i)
+                        out_scores.append(top_s)
+                        continue
+                if len(vals) == 0:  # every document scores `base`: the first k, by index
+                    top_s, top_i = np.full(k, base, dtype=dtype), np.arange(k)
+                else:  # fewer than k documents beat the unmatched ones: rank them all
+                    dense = np.full(num_docs, base, dtype=dtype)
+                    dense[cols] = vals
+                    top_s, top_i = _topk(dense, np.arange(num_docs), k)
+                out_idx.append(top_i)
+                out_scores.append(top_s)
+        return out_idx, out_scores
 
     @classmethod
     def build(cls, docs: list[dict], stopwords: str | None = "en", stemmer: str | None = None,
@@ -68,7 +153,9 @@ class BM25Retriever:
         k = min(k, len(self.docs))
         tokens = bm25s.tokenize(list(queries), stopwords=self.settings["stopwords"],
                                 stemmer=_stemmer(self.settings["stemmer"]), return_ids=False, show_progress=False)
-        idx, scores = self.model.retrieve(tokens, k=k, show_progress=False, n_threads=1)
+        if k <= 0:
+            return [[] for _ in queries]
+        idx, scores = self._scores(tokens, k)
         out = []
         for row_idx, row_scores in zip(idx, scores):
             out.append([Hit(self.docs[i]["id"], float(s), self.docs[i]["title"], self.docs[i]["text"])
