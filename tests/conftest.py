@@ -15,6 +15,27 @@ TINY_WORLD = dict(n_clusters=4, test_clusters=1, people_per_cluster=6, companies
 
 
 @pytest.fixture(scope="session")
+def shared_root():
+    """../shared/data (or $R3RAG_DATA); tests that need real data skip with one line without it."""
+    from r3rag.data.shared import shared_data
+
+    root = shared_data()
+    if root is None:
+        pytest.skip("shared data not found (../shared/data or $R3RAG_DATA)")
+    return root
+
+
+@pytest.fixture(scope="session")
+def hotpotqa_pool(shared_root):
+    """The HotpotQA dev context pool (~4k passages) and its 400 dev questions."""
+    from r3rag.data.corpus import load_corpus
+    from r3rag.jsonl import read_jsonl
+
+    docs = load_corpus(shared_root / "corpus/hotpotqa_dev_context_pool.jsonl")
+    return docs, read_jsonl(shared_root / "hotpotqa/dev_distractor_ircot_subsample.jsonl")
+
+
+@pytest.fixture(scope="session")
 def pipeline_runs(tmp_path_factory):
     """runs/ with world, index, synthesize, sft (1 layer, a few steps), rl (1 step), eval artifacts."""
     from r3rag.pipeline import run_stage

@@ -57,14 +57,10 @@ def test_missing_model_path(tmp_path, pipeline_runs):
     _assert_one_line_error(out, "no-model", "does not exist")
 
 
-def test_eval_retrieval_on_real_hotpotqa(tmp_path):
+def test_eval_retrieval_on_real_hotpotqa(tmp_path, shared_root):
     import json
 
-    from r3rag.data.shared import shared_data
-
-    root = shared_data()
-    if root is None:
-        pytest.skip("shared data not found (../shared/data or $R3RAG_DATA)")
+    root = shared_root
     runs = tmp_path / "runs"
     corpus = root / "corpus/hotpotqa_dev_context_pool.jsonl"
     assert r3rag("index", "--runs-dir", str(runs), "--set", f"corpus={corpus}", "--set", "world=").returncode == 0

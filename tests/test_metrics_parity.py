@@ -1,7 +1,6 @@
 """EM and F1 equal the official HotpotQA evaluation logic (hotpot_evaluate_v1.py),
 re-implemented here from its published definition, on tricky cases and on real answers."""
 
-import json
 import random
 import re
 import string
@@ -9,7 +8,6 @@ from collections import Counter
 
 import pytest
 
-from r3rag.data.shared import shared_data
 from r3rag.metrics import exact_match, f1, f1_score
 
 
@@ -69,11 +67,7 @@ def test_max_over_gold_answers():
     assert exact_match("new york city", golds) == 1.0
 
 
-def _real_pairs(n_min=200):
-    root = shared_data()
-    if root is None:
-        pytest.skip("shared data not found (../shared/data or $R3RAG_DATA)")
-    rows = [json.loads(l) for l in open(root / "hotpotqa/dev_distractor_ircot_subsample.jsonl")]
+def _real_pairs(rows, n_min=200):
     rng = random.Random(0)
     pairs = []
     for r in rows:
@@ -90,8 +84,8 @@ def _real_pairs(n_min=200):
     return pairs
 
 
-def test_real_pairs_match_official():
-    pairs = _real_pairs()
+def test_real_pairs_match_official(hotpotqa_pool):
+    pairs = _real_pairs(hotpotqa_pool[1])
     for prediction, gold in pairs:
         assert exact_match(prediction, [gold]) == official_em(prediction, gold), (prediction, gold)
         assert f1(prediction, [gold]) == pytest.approx(official_f1(prediction, gold)), (prediction, gold)

@@ -6,10 +6,8 @@ import json
 
 import pytest
 
-from r3rag.data.corpus import load_corpus
-from r3rag.data.shared import shared_data
 from r3rag.errors import UserError
-from r3rag.jsonl import read_jsonl, write_jsonl
+from r3rag.jsonl import write_jsonl
 from r3rag.pipeline import run_stage
 from r3rag.protocol import Hit
 from r3rag.retrieval import load_retriever
@@ -41,12 +39,9 @@ def small_corpus(n: int = 50) -> list[dict]:
 
 # --- bm25 vs the rank_bm25 reference on real data ---------------------------------------------------
 
-def test_bm25_agrees_with_rank_bm25_on_hotpotqa():
-    root = shared_data()
-    if root is None:
-        pytest.skip("shared data not found (../shared/data or $R3RAG_DATA)")
-    docs = load_corpus(root / "corpus/hotpotqa_dev_context_pool.jsonl")
-    questions = [q["question"] for q in read_jsonl(root / "hotpotqa/dev_distractor_ircot_subsample.jsonl")[:200]]
+def test_bm25_agrees_with_rank_bm25_on_hotpotqa(hotpotqa_pool):
+    docs, rows = hotpotqa_pool
+    questions = [q["question"] for q in rows[:200]]
     a = BM25Retriever.build(docs).search(questions, 10)
     b = RankBM25Retriever.build(docs).search(questions, 10)
     top1 = sum(x[0].doc_id == y[0].doc_id for x, y in zip(a, b)) / len(questions)
@@ -216,12 +211,9 @@ def _assert_same_as_bm25s(r: BM25Retriever, queries: list[str], k: int = 10) -> 
     return n
 
 
-def test_bm25_search_matches_bm25s_retrieve_on_hotpotqa():
-    root = shared_data()
-    if root is None:
-        pytest.skip("shared data not found (../shared/data or $R3RAG_DATA)")
-    docs = load_corpus(root / "corpus/hotpotqa_dev_context_pool.jsonl")
-    questions = [q["question"] for q in read_jsonl(root / "hotpotqa/dev_distractor_ircot_subsample.jsonl")]
+def test_bm25_search_matches_bm25s_retrieve_on_hotpotqa(hotpotqa_pool):
+    docs, rows = hotpotqa_pool
+    questions = [q["question"] for q in rows]
     r = BM25Retriever.build(docs)
     assert _assert_same_as_bm25s(r, questions) == 10 * len(questions)
 
