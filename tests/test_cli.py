@@ -5,7 +5,7 @@ import sys
 
 import pytest
 
-COMMANDS = ["world", "index", "synthesize", "sft", "rl", "eval", "run", "runs", "serve-retriever", "report", "eval-retrieval"]
+COMMANDS = ["world", "index", "synthesize", "sft", "rl", "eval", "run", "runs", "serve-retriever", "report", "eval-retrieval", "import"]
 
 
 def r3rag(*args, cwd=None):

@@ -144,6 +144,42 @@ def eval_retrieval_cmd(
     _guard(go, debug)
 
 
+@app.command("import")
+def import_cmd(
+        input: Annotated[Path, typer.Argument(help="QA file: a JSON list (original datasets) or JSONL.")],
+        out: Annotated[Path, typer.Option("--out", "-o", help="Question JSONL to write (r3rag / FlashRAG schema).")],
+        format: Annotated[str, typer.Option("--format", "-f", help="auto, hotpotqa, 2wiki, musique or flashrag.")] = "auto",
+        corpus_out: Annotated[Optional[Path], typer.Option("--corpus-out", help="Also write the context paragraphs as a deduplicated {id, title, text} corpus.")] = None,
+        limit: Annotated[int, typer.Option(help="First N questions (0 = all).")] = 0,
+        debug: DebugOpt = False):
+    """Convert a HotpotQA, 2WikiMultiHopQA, MuSiQue or FlashRAG file into r3rag's question JSONL
+    (`id`, `question`, `golden_answers`, `metadata` with `supporting_titles`, `paragraphs`, `hops`).
+
+    With `--corpus-out`, the context paragraphs become a corpus for
+    `r3rag index --set corpus=CORPUS.jsonl --set world=`. Prints a summary on stderr and the output path.
+    """
+
+    def go():
+        from r3rag.data.importers import corpus_from_questions, import_questions, write_atomic
+
+        paths = [input.resolve(), out.resolve()] + ([corpus_out.resolve()] if corpus_out else [])
+        if len(set(paths)) != len(paths):
+            raise UserError(f"{input}: INPUT, --out and --corpus-out must be different files")
+        questions, fmt = import_questions(input, format, limit)
+        outputs = {out: questions}
+        summary = f"imported {len(questions)} questions ({fmt}) -> {out}"
+        if corpus_out:
+            outputs[corpus_out] = corpus_from_questions(questions)
+            if not outputs[corpus_out]:  # an empty corpus would only fail later, in `r3rag index`
+                raise UserError(f"{input}: --corpus-out: the questions have no context paragraphs")
+            summary += f"; {len(outputs[corpus_out])} unique paragraphs -> {corpus_out}"
+        write_atomic(outputs)
+        print(summary, file=sys.stderr)
+        print(out)
+
+    _guard(go, debug)
+
+
 @app.command("run")
 def run_cmd(pipeline: Annotated[Path, typer.Argument(help="Pipeline YAML (e.g. pipelines/demo.yaml).")],
             set_: SetOpt = None, runs_dir: RunsOpt = None, debug: DebugOpt = False):
