@@ -10,7 +10,7 @@ SET ?=
 RUN := $(R3RAG) run $(PIPELINE) --set world.seed=$(SEED) $(SET)
 STAGE_ARGS := --config $(PIPELINE) --set seed=$(SEED)
 
-.PHONY: install test test-fast demo world index synthesize sft rl eval report serve-retriever runs clean
+.PHONY: install test test-fast demo world index synthesize sft rl eval report report-demo serve-retriever runs clean
 
 install: $(VENV)/.installed
 
@@ -37,6 +37,10 @@ index synthesize sft rl eval: install
 
 report: install
 	$(R3RAG) report
+
+# The report of the newest eval artifact, with a screenshot of its trajectory viewer (needs chromium).
+report-demo: install
+	$(R3RAG) report --name demo --screenshot
 
 serve-retriever: install
 	$(R3RAG) serve-retriever --index index:latest

@@ -84,13 +84,15 @@ for _stage in ("world", "index", "synthesize", "sft", "rl", "eval"):
 @app.command("report", epilog=_config_epilog("report"))
 def report_cmd(evals: Annotated[Optional[list[str]], typer.Argument(help="Eval artifacts: eval:latest, eval:<id> or a directory.")] = None,
                name: Annotated[str, typer.Option(help="Name of the report artifact.")] = "default",
+               screenshot: Annotated[bool, typer.Option(help="Also write viewer.png (headless Chromium).")] = False,
                runs_dir: RunsOpt = None, debug: DebugOpt = False):
     """One table over eval artifacts (terminal, Markdown, CSV), a bar chart PNG and an HTML trajectory viewer."""
 
     def go():
         from r3rag.pipeline import run_stage
 
-        overrides = [f"name={name}"] + ([f"evals=[{','.join(evals)}]"] if evals else [])
+        overrides = [f"name={name}", f"screenshot={str(screenshot).lower()}"]
+        overrides += [f"evals=[{','.join(evals)}]"] if evals else []
         ref = run_stage("report", None, overrides, runs_dir)
         print(ref.path)
 

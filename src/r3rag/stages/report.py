@@ -9,6 +9,7 @@ Usage:
 
     r3rag report                                  # the newest eval artifact
     r3rag report eval:latest runs/eval/demo-abc123 --name compare
+    r3rag report --screenshot                     # + viewer.png (needs chromium)
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ class Config:
     name: str = "default"
     evals: list[str] = field(default_factory=lambda: ["eval:latest"])
     max_per_system: int = 300  # trajectories per system in the viewer
+    screenshot: bool = False  # also write viewer.png with headless Chromium
 
 
 def run(cfg: Config, ctx: Context):
@@ -45,5 +47,9 @@ def run(cfg: Config, ctx: Context):
         write_csv(rows, writer.dir / "report.csv")
         plot_bars(rows, writer.dir / "em_f1.png")
         n = write_viewer([r.path for r in refs], writer.dir / "viewer.html", cfg.max_per_system)
+        if cfg.screenshot:
+            from r3rag.browser import screenshot
+
+            screenshot(writer.dir / "viewer.html", writer.dir / "viewer.png")
         writer.metrics.update({"rows": len(rows), "viewer_trajectories": n})
     return ctx.done(writer)
