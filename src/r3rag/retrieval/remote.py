@@ -11,22 +11,38 @@ Usage:
 
 from __future__ import annotations
 
+import http.client
+import threading
 import time
+from urllib.parse import urlsplit
 
-import httpx
+import orjson
 
 from r3rag.errors import UserError
 from r3rag.protocol import Hit
 
 FALLBACK_MAX_BATCH = 512
+_JSON = {"content-type": "application/json"}
+# what a kept-alive connection that the server has meanwhile closed fails with, before any response
+_STALE = (http.client.RemoteDisconnected, BrokenPipeError, ConnectionResetError)
 
 
 class RemoteRetriever:
+    """Thread-safe: each request takes a kept-alive connection from a small pool (one per
+    concurrent caller). Plain `http.client`, not httpx: at batch 64 httpx's own per-request
+    work costs about as much CPU as the server's search (benchmarks/retrieval.py)."""
+
     def __init__(self, url: str, timeout: float = 30, retries: int = 3, backoff: float = 0.5,
                  max_batch: int | None = None):
         self.url, self.retries, self.backoff = url.rstrip("/"), retries, backoff
-        self.max_batch = max_batch
-        self.client = httpx.Client(timeout=timeout)
+        self.max_batch, self.timeout = max_batch, timeout
+        parts = urlsplit(self.url)
+        if parts.scheme not in ("http", "https") or not parts.hostname:
+            raise UserError(f"retrieval server url {url!r} is not an http(s) URL")
+        self._conn_class = http.client.HTTPSConnection if parts.scheme == "https" else http.client.HTTPConnection
+        self._host, self._port, self._prefix = parts.hostname, parts.port, parts.path
+        self._idle: list[http.client.HTTPConnection] = []
+        self._lock = threading.Lock()
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         if not queries:
@@ -49,35 +65,68 @@ class RemoteRetriever:
         return self.max_batch
 
     def _request(self, method: str, path: str, payload: dict | None = None) -> dict:
+        body = None if payload is None else orjson.dumps(payload)
         tries = self.retries + 1
         last = ""
         for attempt in range(tries):
             if attempt:
                 time.sleep(self.backoff * 2 ** (attempt - 1))
             try:
-                resp = self.client.request(method, self.url + path, json=payload)
-            except httpx.TransportError as e:  # connect errors, timeouts, dropped connections
+                status, data = self._send(method, path, body)
+            except (OSError, http.client.HTTPException) as e:  # connect errors, timeouts, dropped connections
                 last = f"{type(e).__name__}: {e}"
                 continue
-            if resp.status_code >= 500:
-                last = f"HTTP {resp.status_code}: {resp.text[:200]}"
+            if status >= 500:
+                last = f"HTTP {status}: {data[:200].decode(errors='replace')}"
                 continue
-            if resp.status_code >= 400:
-                raise UserError(f"retrieval server at {self.url} rejected {path}: HTTP {resp.status_code} "
-                                f"{_detail(resp)}")
-            return resp.json()
+            if status >= 400:
+                raise UserError(f"retrieval server at {self.url} rejected {path}: HTTP {status} {_detail(data)}")
+            try:
+                return orjson.loads(data)
+            except orjson.JSONDecodeError as e:
+                raise UserError(f"retrieval server at {self.url} sent malformed JSON for {path}: {e}") from None
         raise UserError(f"retrieval server at {self.url} unreachable after {tries} tries: {last}")
 
+    def _send(self, method: str, path: str, body: bytes | None) -> tuple[int, bytes]:
+        """One request on a pooled connection; a stale kept-alive one is replaced once, silently."""
+        while True:
+            with self._lock:
+                conn = self._idle.pop() if self._idle else None
+            reused = conn is not None
+            if conn is None:
+                conn = self._conn_class(self._host, self._port, timeout=self.timeout)
+            try:
+                conn.request(method, self._prefix + path, body=body, headers=_JSON if body is not None else {})
+                resp = conn.getresponse()
+                data = resp.read()
+            except _STALE:
+                conn.close()
+                if reused:
+                    continue
+                raise
+            except BaseException:
+                conn.close()
+                raise
+            if resp.will_close:
+                conn.close()
+            else:
+                with self._lock:
+                    self._idle.append(conn)
+            return resp.status, data
+
     def close(self) -> None:
-        self.client.close()
+        with self._lock:
+            idle, self._idle = self._idle, []
+        for conn in idle:
+            conn.close()
 
 
-def _detail(resp: httpx.Response) -> str:
+def _detail(data: bytes) -> str:
     try:
-        body = resp.json()
-    except ValueError:
-        return resp.text[:200]
-    return str(body.get("detail", body)) if isinstance(body, dict) else resp.text[:200]
+        body = orjson.loads(data)
+    except orjson.JSONDecodeError:
+        return data[:200].decode(errors="replace")
+    return str(body.get("detail", body)) if isinstance(body, dict) else data[:200].decode(errors="replace")
 
 
 def _hit(r: dict) -> Hit:

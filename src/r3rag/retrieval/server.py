@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import socket
 import sys
 import threading
@@ -39,8 +38,8 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
-from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse, Response
+import orjson
+from fastapi import FastAPI
 
 DEFAULT_TOPK = 3  # Search-R1's retrieval_topk when a request gives none
 
@@ -134,13 +133,9 @@ def make_app(retriever, max_batch: int = 512, max_topk: int = 100, max_query_cha
         yield
         await batcher.stop()
 
-    app = FastAPI(title="r3rag retrieval", lifespan=lifespan)
+    app = _App(title="r3rag retrieval", lifespan=lifespan)
     app.state.batcher = batcher
     stats = {"requests": 0, "queries": 0}
-
-    @app.exception_handler(BadRequest)
-    async def _bad_request(request, e: BadRequest):
-        return JSONResponse({"detail": e.detail}, status_code=e.status)
 
     @app.get("/health")
     async def health():
@@ -150,21 +145,43 @@ def make_app(retriever, max_batch: int = 512, max_topk: int = 100, max_query_cha
                 "backend": settings.get("backend", type(retriever).__name__), **limits,
                 **stats, "searches": batcher.searches}
 
-    @app.post("/retrieve")
-    async def retrieve(request: Request):
+    async def retrieve(scope, receive, send) -> None:
+        """POST /retrieve as a bare ASGI handler: FastAPI's routing, middleware and
+        encoders cost more per request than the JSON work itself (see the module docstring)."""
         batcher.arriving += 1
         try:
-            body = await _read_json(request, max_body_bytes)
+            body = _parse_json(await _read_body(scope, receive, max_body_bytes))
             queries, topk, with_scores = _validate(body, **limits)
+        except BadRequest as e:
+            return await _send_json(send, e.status, {"detail": e.detail})
         finally:
             batcher.arriving -= 1
-        rows = await batcher.submit(queries, topk)
+        try:
+            rows = await batcher.submit(queries, topk)
+        except Exception as e:  # noqa: BLE001 - the retriever failed: a 5xx the client may retry
+            return await _send_json(send, 500, {"detail": f"search failed: {type(e).__name__}: {e}"})
         stats["requests"] += 1
         stats["queries"] += len(queries)
-        result = [[_hit_json(h, with_scores) for h in row] for row in rows]
-        return Response(json.dumps({"result": result}, ensure_ascii=False), media_type="application/json")
+        await _send_json(send, 200, {"result": [[_hit_json(h, with_scores) for h in row] for row in rows]})
 
+    app.fast_routes[("POST", "/retrieve")] = retrieve
     return app
+
+
+class _App(FastAPI):
+    """FastAPI, except that the routes in `fast_routes` ((method, path) -> ASGI handler) skip
+    its stack; those handlers do their own validation and errors."""
+
+    def __init__(self, **kwargs):
+        super().__init__(**kwargs)
+        self.fast_routes: dict[tuple[str, str], object] = {}
+
+    async def __call__(self, scope, receive, send) -> None:
+        if scope["type"] == "http":
+            handler = self.fast_routes.get((scope["method"], scope["path"]))
+            if handler is not None:
+                return await handler(scope, receive, send)
+        await super().__call__(scope, receive, send)
 
 
 def _hit_json(h, with_scores: bool) -> dict:
@@ -172,19 +189,41 @@ def _hit_json(h, with_scores: bool) -> dict:
     return {"document": doc, "score": h.score} if with_scores else doc
 
 
-async def _read_json(request: Request, max_bytes: int):
-    length = request.headers.get("content-length")
-    if length is not None and length.isdigit() and int(length) > max_bytes:
-        raise BadRequest(413, f"request body of {length} bytes is over the limit of {max_bytes}")
-    chunks, size = [], 0
-    async for chunk in request.stream():  # counted as it streams: chunked bodies have no length
+def _orjson_default(obj):
+    if hasattr(obj, "item"):  # numpy scalars from a retriever: plain Python numbers
+        return obj.item()
+    raise TypeError(f"{type(obj).__name__} is not JSON serializable")
+
+
+async def _send_json(send, status: int, obj) -> None:
+    body = orjson.dumps(obj, default=_orjson_default)
+    await send({"type": "http.response.start", "status": status,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
+
+
+async def _read_body(scope, receive, max_bytes: int) -> bytes:
+    for name, value in scope["headers"]:
+        if name == b"content-length" and value.isdigit() and int(value) > max_bytes:
+            raise BadRequest(413, f"request body of {value.decode()} bytes is over the limit of {max_bytes}")
+    chunks, size, more = [], 0, True
+    while more:  # counted as it streams: chunked bodies have no length
+        message = await receive()
+        if message["type"] == "http.disconnect":
+            raise BadRequest(400, "the client went away")
+        chunk = message.get("body", b"")
         size += len(chunk)
         if size > max_bytes:
             raise BadRequest(413, f"request body is over the limit of {max_bytes} bytes")
         chunks.append(chunk)
+        more = message.get("more_body", False)
+    return chunks[0] if len(chunks) == 1 else b"".join(chunks)
+
+
+def _parse_json(body: bytes):
     try:
-        return json.loads(b"".join(chunks))
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        return orjson.loads(body)
+    except orjson.JSONDecodeError as e:
         raise BadRequest(400, f"malformed JSON body: {e}") from None
 
 
@@ -225,7 +264,7 @@ def serve(index_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, log_
     app = make_app(retriever, **limits)
     print(f"serving {index_dir} ({len(getattr(retriever, 'docs', []))} docs) at http://{host}:{port} "
           "(Ctrl-C stops)", file=sys.stderr, flush=True)
-    uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False)).run(sockets=[sock])
+    uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, proxy_headers=False)).run(sockets=[sock])
 
 
 @contextlib.contextmanager
@@ -234,7 +273,8 @@ def running(app: FastAPI, host: str = "127.0.0.1", port: int = 0):
     import uvicorn
 
     sock = _bind(host, port)  # bound here so the port (0 = any free one) is known before serving
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on"))
+    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
+                                                proxy_headers=False))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
