@@ -7,7 +7,7 @@ question at a time (batch_size=1). Uses the newest `runs/sft` policy when there 
 the answers are noise).
 
 Usage:
-    python benchmarks/eval_batching.py [--policy runs/sft/demo-...] [--n 64]
+    python benchmarks/eval_batching.py [--policy runs/sft/demo-...] [--n 128]
 Last line: {"batching_speedup": ..., "batched_qps": ..., "sequential_qps": ..., "n": ...}
 """
 
@@ -51,7 +51,7 @@ def timed(questions, gen, retriever, protocol, tok) -> tuple[float, list]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--policy")
-    ap.add_argument("--n", type=int, default=64)
+    ap.add_argument("--n", type=int, default=128)  # eval's default batch size
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
