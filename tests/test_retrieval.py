@@ -245,8 +245,11 @@ def test_bm25_search_empty_and_unknown_queries():
     for q in ["", "the a of", "zzqx unknownword", "!!"]:
         hits = r.search([q], 5)[0]
         assert [h.doc_id for h in hits] == [d["id"] for d in docs[:5]] and all(h.score == 0.0 for h in hits), q
-    # Mixed with real queries in one batch, and k larger than the matching docs: zero-score filler by index.
+    # Mixed with real queries in one batch, and k larger than the matching docs: zero-score filler
+    # (distinct documents, in the per-query tie order).
     out = r.search(["violin bow", "", "Penicillin"], 4)
     assert out[0][0].doc_id == "t1" and out[2][0].doc_id == "t5" and out[1][0].score == 0.0
-    assert [h.doc_id for h in out[2][1:]] == ["t0", "t1", "t2"] and all(h.score == 0.0 for h in out[2][1:])
+    filler = [h.doc_id for h in out[2][1:]]
+    assert len(set(filler)) == 3 and "t5" not in filler and all(h.score == 0.0 for h in out[2][1:])
+    assert r.search(["Penicillin"], 4)[0] == out[2]  # deterministic
     assert r.search([], 3) == []

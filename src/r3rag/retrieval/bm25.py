@@ -19,6 +19,7 @@ index, so the result is deterministic.
 from __future__ import annotations
 
 import json
+import zlib
 import sys
 from pathlib import Path
 
@@ -46,17 +47,29 @@ def _stemmer(name: str | None):
     return Stemmer.Stemmer(name).stemWord
 
 
-def _topk(scores: np.ndarray, cols: np.ndarray, k: int) -> tuple[np.ndarray, np.ndarray]:
-    """The k best (score, col) pairs, best first, ties by ascending col; needs len(scores) >= k."""
+def _tie_keys(cols: np.ndarray, seed: int) -> np.ndarray:
+    """A per-query pseudo-random order of documents, to break score ties.
+
+    Ties are common (short documents that share the query's words), and breaking them by
+    document index would show the same few distractors for every query; bm25s' own order
+    varies. A hash of (query, doc) keeps it varied and still deterministic."""
+    x = (cols.astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) + np.uint64(seed)) & np.uint64(0xFFFFFFFFFFFF)
+    return x ^ (x >> np.uint64(17))
+
+
+def _topk(scores: np.ndarray, cols: np.ndarray, k: int, seed: int = 0) -> tuple[np.ndarray, np.ndarray]:
+    """The k best (score, col) pairs, best first, ties in a per-query pseudo-random order;
+    needs len(scores) >= k."""
+    keys = _tie_keys(cols, seed)
     if len(scores) > k:
         kth = np.partition(scores, len(scores) - k)[len(scores) - k]
         above, tied = np.flatnonzero(scores > kth), np.flatnonzero(scores == kth)
         need = k - len(above)
-        if len(tied) > need:  # keep the tied entries with the smallest cols
-            tied = tied[np.argpartition(cols[tied], need - 1)[:need]]
+        if len(tied) > need:  # keep the tied entries with the smallest keys
+            tied = tied[np.argpartition(keys[tied], need - 1)[:need]]
         keep = np.concatenate([above, tied])
-        scores, cols = scores[keep], cols[keep]
-    order = np.lexsort((cols, -scores))
+        scores, cols, keys = scores[keep], cols[keep], keys[keep]
+    order = np.lexsort((keys, -scores))
     return scores[order], cols[order]
 
 
@@ -102,6 +115,7 @@ class BM25Retriever:
             product = query @ matrix  # CSR, only the documents that match a query token
             p_data, p_cols, p_ptr = product.data, product.indices, product.indptr
             for r, q in enumerate(ids):
+                seed = zlib.crc32(" ".join(tokens[start + r]).encode())
                 vals, cols = p_data[p_ptr[r]:p_ptr[r + 1]], p_cols[p_ptr[r]:p_ptr[r + 1]]
                 base = dtype.type(0)
                 if nonocc is not None and q:  # as bm25s: scores += nonoccurrence_array[ids].sum()
@@ -109,7 +123,7 @@ class BM25Retriever:
                     base = (np.zeros(1, dtype=dtype) + extra).astype(dtype)[0]
                     vals = (vals + extra).astype(dtype, copy=False)
                 if len(vals) >= k:
-                    top_s, top_i = _topk(vals, cols, k)
+                    top_s, top_i = _topk(vals, cols, k, seed)
                     if top_s[-1] > base:  # the unmatched documents (score `base`) cannot enter
                         out_idx.append(top_i)
                         out_scores.append(top_s)
@@ -119,7 +133,7 @@ class BM25Retriever:
                 else:  # fewer than k documents beat the unmatched ones: rank them all
                     dense = np.full(num_docs, base, dtype=dtype)
                     dense[cols] = vals
-                    top_s, top_i = _topk(dense, np.arange(num_docs), k)
+                    top_s, top_i = _topk(dense, np.arange(num_docs), k, seed)
                 out_idx.append(top_i)
                 out_scores.append(top_s)
         return out_idx, out_scores
