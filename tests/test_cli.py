@@ -1,16 +1,10 @@
 """The CLI: help on every command, one clear error line and a non-zero exit on bad input."""
 
-import subprocess
-import sys
-
 import pytest
 
+from tests.cli_helpers import assert_one_line_error, r3rag
+
 COMMANDS = ["world", "index", "synthesize", "sft", "rl", "eval", "run", "runs", "serve-retriever", "report", "eval-retrieval", "import"]
-
-
-def r3rag(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "r3rag.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=120)
 
 
 @pytest.mark.parametrize("cmd", COMMANDS)
@@ -19,34 +13,27 @@ def test_help_is_useful(cmd):
     assert out.returncode == 0 and "Usage" in out.stdout and len(out.stdout) > 200
 
 
-def _assert_one_line_error(out, *needles):
-    assert out.returncode != 0
-    lines = [l for l in out.stderr.strip().splitlines() if l.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), out.stderr
-    assert "Traceback" not in out.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 def test_missing_config_file(tmp_path):
-    _assert_one_line_error(r3rag("world", "--config", str(tmp_path / "nope.yaml"), cwd=tmp_path), "nope.yaml", "not found")
+    assert_one_line_error(r3rag("world", "--config", str(tmp_path / "nope.yaml"), cwd=tmp_path), "nope.yaml", "not found")
 
 
 def test_unknown_key(tmp_path):
-    _assert_one_line_error(r3rag("world", "--set", "seeds=3", cwd=tmp_path), "unknown key 'seeds'")
+    assert_one_line_error(r3rag("world", "--set", "seeds=3", cwd=tmp_path), "unknown key 'seeds'")
     p = tmp_path / "p.yaml"
     p.write_text("name: x\nworld:\n  seed: 1\n  colour: red\n")
-    _assert_one_line_error(r3rag("run", str(p), cwd=tmp_path), "p.yaml", "unknown key 'colour'")
+    assert_one_line_error(r3rag("run", str(p), cwd=tmp_path), "p.yaml", "unknown key 'colour'")
 
 
 def test_missing_input_artifact(tmp_path):
-    _assert_one_line_error(r3rag("index", cwd=tmp_path), "no complete world artifact")
+    assert_one_line_error(r3rag("index", cwd=tmp_path), "no complete world artifact")
 
 
 def test_malformed_corpus_line(tmp_path):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"id": "1", "contents": "t\\ntext"}\n{"id": 2, "contents": \n')
-    _assert_one_line_error(r3rag("index", "--set", f"corpus={corpus}", "--set", "world=", cwd=tmp_path),
+    assert_one_line_error(r3rag("index", "--set", f"corpus={corpus}", "--set", "world=", cwd=tmp_path),
                            "c.jsonl:2", "malformed JSON")
     assert not (tmp_path / "runs" / "index").exists() or not any((tmp_path / "runs" / "index").iterdir())
 
@@ -54,7 +41,7 @@ def test_malformed_corpus_line(tmp_path):
 def test_missing_model_path(tmp_path, pipeline_runs):
     runs, _ = pipeline_runs
     out = r3rag("sft", "--runs-dir", str(runs), "--set", f"model={tmp_path}/no-model", "--set", "world=", cwd=tmp_path)
-    _assert_one_line_error(out, "no-model", "does not exist")
+    assert_one_line_error(out, "no-model", "does not exist")
 
 
 def test_eval_retrieval_on_real_hotpotqa(tmp_path, shared_root):

@@ -1,15 +1,13 @@
 """`r3rag import`: original HotpotQA / 2Wiki / MuSiQue / FlashRAG files -> one question schema (+ corpus)."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 
 from r3rag.data.corpus import load_corpus
 from r3rag.data.importers import corpus_from_questions, detect_format, import_questions
-from r3rag.data.shared import shared_data
 from r3rag.errors import UserError
+from tests.cli_helpers import assert_one_line_error, r3rag
 
 HOTPOT = [
     {"_id": "h1", "question": "Which band did the singer of X join?", "answer": "Band B",
@@ -42,9 +40,6 @@ MUSIQUE = [
 ]
 
 
-def r3rag(*args, cwd=None):
-    return subprocess.run([sys.executable, "-m", "r3rag.cli", *args], capture_output=True, text=True, cwd=cwd,
-                          timeout=120)
 
 
 def _jsonl(path, rows):
@@ -147,13 +142,6 @@ def test_unreadable_files(tmp_path):
         import_questions(latin, "squad")
 
 
-def _assert_one_line_error(out, *needles):
-    assert out.returncode != 0
-    lines = [l for l in out.stderr.strip().splitlines() if l.strip()]
-    assert len(lines) == 1 and lines[0].startswith("error:"), out.stderr
-    assert "Traceback" not in out.stderr
-    for n in needles:
-        assert n in lines[0], lines[0]
 
 
 def test_cli_writes_questions_and_corpus(tmp_path):
@@ -180,7 +168,7 @@ def test_cli_errors_leave_no_output(tmp_path, name, content, needles):
     src = tmp_path / name
     src.write_text(content)
     out, corpus = tmp_path / "q.jsonl", tmp_path / "c.jsonl"
-    _assert_one_line_error(r3rag("import", str(src), "--out", str(out), "--corpus-out", str(corpus)), *needles)
+    assert_one_line_error(r3rag("import", str(src), "--out", str(out), "--corpus-out", str(corpus)), *needles)
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
 
 
@@ -194,42 +182,36 @@ REAL = [  # file, questions, unique corpus paragraphs
 ]
 
 
-@pytest.fixture(scope="module")
-def root():
-    r = shared_data()
-    if r is None:
-        pytest.skip("shared data not found (../shared/data or $R3RAG_DATA)")
-    return r
 
 
 @pytest.mark.parametrize("rel, n_questions, n_paragraphs", REAL)
-def test_real_files(root, tmp_path, rel, n_questions, n_paragraphs):
-    qs, _ = import_questions(root / rel)
+def test_real_files(shared_root, tmp_path, rel, n_questions, n_paragraphs):
+    qs, _ = import_questions(shared_root / rel)
     assert len(qs) == n_questions
     _check_questions(qs)
     assert all(q["metadata"]["supporting_titles"] and q["metadata"]["hops"] >= 2 for q in qs)
     dataset = rel.split("/")[0]
     fmt = {"hotpotqa": "hotpotqa", "2wikimultihopqa": "2wiki", "musique": "musique"}[dataset]
     if "ircot" not in rel:  # these keep the original fields in metadata: the explicit format reads them too
-        assert import_questions(root / rel, fmt)[0] == qs
+        assert import_questions(shared_root / rel, fmt)[0] == qs
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps(d) + "\n" for d in corpus_from_questions(qs)))
     assert len(load_corpus(corpus)) == n_paragraphs
 
 
-def test_real_musique_hops(root):
-    qs, _ = import_questions(root / "musique/train_hipporag_sample.jsonl")
+def test_real_musique_hops(shared_root):
+    qs, _ = import_questions(shared_root / "musique/train_hipporag_sample.jsonl")
     hops = [q["metadata"]["hops"] for q in qs]
     assert (hops.count(2), hops.count(3), hops.count(4)) == (68, 27, 5)  # as the shared README says
 
 
 @pytest.mark.parametrize("rel, fmt", [("hotpotqa/train_hipporag_sample.jsonl", "hotpotqa"),
                                       ("2wikimultihopqa/dev_hoprag_examples.jsonl", "2wiki")])
-def test_original_layout_matches_shared_layout(root, tmp_path, rel, fmt):
+def test_original_layout_matches_shared_layout(shared_root, tmp_path, rel, fmt):
     """Rebuilding the original dataset layout from the shared rows and importing it gives the same questions."""
-    shared, _ = import_questions(root / rel)
+    shared, _ = import_questions(shared_root / rel)
     originals = []
-    for line in (root / rel).read_text().splitlines():
+    for line in (shared_root / rel).read_text().splitlines():
         r = json.loads(line)
         m = dict(r["metadata"])
         paras = m.pop("paragraphs")
@@ -247,9 +229,9 @@ def test_original_layout_matches_shared_layout(root, tmp_path, rel, fmt):
                [(p["title"], p["text"], p["is_supporting"]) for p in b["metadata"]["paragraphs"]]
 
 
-def test_cli_on_real_musique_with_limit(root, tmp_path):
+def test_cli_on_real_musique_with_limit(shared_root, tmp_path):
     out, corpus = tmp_path / "q.jsonl", tmp_path / "c.jsonl"
-    res = r3rag("import", str(root / "musique/dev_hoprag_examples.jsonl"), "--format", "musique", "--limit", "3",
+    res = r3rag("import", str(shared_root / "musique/dev_hoprag_examples.jsonl"), "--format", "musique", "--limit", "3",
                 "--out", str(out), "--corpus-out", str(corpus))
     assert res.returncode == 0, res.stderr
     assert len(out.read_text().splitlines()) == 3 and len(load_corpus(corpus)) == 60
