@@ -14,6 +14,23 @@ from typing import Iterable, Iterator
 from r3rag.errors import UserError
 
 
+def parse_line(line: str, where: str) -> dict | None:
+    """One JSONL line as an object (None for a blank line); errors name `where` (file:line)."""
+    if not line.strip():
+        return None
+    try:
+        row = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise UserError(f"{where}: malformed JSON ({e.msg})") from None
+    return expect_object(row, where)
+
+
+def expect_object(row, where: str) -> dict:
+    if not isinstance(row, dict):
+        raise UserError(f"{where}: expected a JSON object, got {type(row).__name__}")
+    return row
+
+
 def iter_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> Iterator[dict]:
     path = Path(path)
     if not path.is_file():
@@ -24,14 +41,9 @@ def iter_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> Iterator[dic
                 line = raw.decode("utf-8")
             except UnicodeDecodeError:
                 raise UserError(f"{path}:{lineno}: not valid UTF-8") from None
-            if not line.strip():
+            row = parse_line(line, f"{path}:{lineno}")
+            if row is None:
                 continue
-            try:
-                row = json.loads(line)
-            except json.JSONDecodeError as e:
-                raise UserError(f"{path}:{lineno}: malformed JSON ({e.msg})") from None
-            if not isinstance(row, dict):
-                raise UserError(f"{path}:{lineno}: expected a JSON object, got {type(row).__name__}")
             missing = [k for k in required if k not in row]
             if missing:
                 raise UserError(f"{path}:{lineno}: missing required field {missing[0]!r}")

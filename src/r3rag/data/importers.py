@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from r3rag.errors import UserError
+from r3rag.jsonl import expect_object, parse_line
 
 FORMATS = ("auto", "hotpotqa", "2wiki", "musique", "flashrag")
 _DATASET = {"hotpotqa": "hotpotqa", "2wiki": "2wikimultihopqa", "musique": "musique"}
@@ -59,13 +60,9 @@ def iter_records(path: str | Path) -> Iterator[tuple[int, dict]]:
 
 def _iter_jsonl(text: str, path: Path) -> Iterator[tuple[int, dict]]:
     for lineno, line in enumerate(text.splitlines(), start=1):
-        if not line.strip():
-            continue
-        try:
-            row = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise UserError(f"{path}:{lineno}: malformed JSON ({e.msg})") from None
-        yield lineno, _expect_object(row, f"{path}:{lineno}")
+        row = parse_line(line, f"{path}:{lineno}")
+        if row is not None:
+            yield lineno, row
 
 
 def _iter_json_array(text: str, path: Path) -> Iterator[tuple[int, dict]]:
@@ -92,7 +89,7 @@ def _iter_json_array(text: str, path: Path) -> Iterator[tuple[int, dict]]:
             row, end = dec.raw_decode(text, pos)
         except json.JSONDecodeError as e:
             raise UserError(f"{path}:{e.lineno}: malformed JSON ({e.msg})") from None
-        yield line_at(pos), _expect_object(row, f"{path}:{line_at(pos)}")
+        yield line_at(pos), expect_object(row, f"{path}:{line_at(pos)}")
         pos = skip_ws(end)
         if pos < len(text) and text[pos] == ",":
             pos = skip_ws(pos + 1)
@@ -102,12 +99,6 @@ def _iter_json_array(text: str, path: Path) -> Iterator[tuple[int, dict]]:
                 raise UserError(f"{path}:{line_at(pos)}: malformed JSON (extra data after the list)")
             return
         raise UserError(f"{path}:{line_at(min(pos, len(text)))}: malformed JSON (expected ',' or ']')")
-
-
-def _expect_object(row, where: str) -> dict:
-    if not isinstance(row, dict):
-        raise UserError(f"{where}: expected a JSON object, got {type(row).__name__}")
-    return row
 
 
 # ---------------------------------------------------------------- format detection
