@@ -1,7 +1,9 @@
 """What every stage shares: the run context (runs dir, console) and the artifact bookkeeping.
 
 Usage (inside a stage's run):
+    INPUTS = {"world": "world", "index": "index", "questions": FILE}   # FILE: a plain file input
     inputs = resolve_inputs(cfg, INPUTS, ctx)
+    questions = load_questions(inputs["questions"].path, limit=cfg.limit)   # id, question, golden_answers, metadata
     writer = ctx.writer("index", cfg, inputs, INPUTS)
     if writer.existing: return ctx.skipped(writer)
     with writer: ...
@@ -19,7 +21,11 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from r3rag.artifacts import ArtifactRef, ArtifactWriter, default_runs_dir, resolve
+from r3rag.artifacts import ArtifactRef, ArtifactWriter, default_runs_dir, file_sha256, resolve
+from r3rag.errors import UserError
+from r3rag.jsonl import parse_line
+
+FILE = "file"  # an input that is a plain file, recorded by its content hash, not an artifact
 
 
 @dataclass
@@ -50,7 +56,61 @@ class Context:
 
 def resolve_inputs(cfg, input_fields: dict[str, str], ctx: Context) -> dict[str, ArtifactRef]:
     """Resolve every input field that is set (an empty string means "not used")."""
-    return {f: resolve(getattr(cfg, f), stage, ctx.runs_dir) for f, stage in input_fields.items() if getattr(cfg, f)}
+    return {f: file_input(getattr(cfg, f)) if stage == FILE else resolve(getattr(cfg, f), stage, ctx.runs_dir)
+            for f, stage in input_fields.items() if getattr(cfg, f)}
+
+
+def file_input(path: str | Path) -> ArtifactRef:
+    """A plain input file as an input ref: the manifest records its path and sha256, and the
+    stage's config hash follows its content (not its path)."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: file not found")
+    return ArtifactRef(FILE, path.name, path, {"content_hash": file_sha256(path)})
+
+
+def load_questions(path: str | Path, limit: int = 0) -> list[dict]:
+    """Questions in r3rag's schema (what `r3rag import` writes): `id`, `question`, `golden_answers`
+    (non-empty list of strings), optional `metadata` (object). Ids become strings; errors name file:line."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: questions file not found")
+    out, seen = [], {}
+    with open(path, "rb") as f:
+        for lineno, raw in enumerate(f, start=1):
+            where = f"{path}:{lineno}"
+            try:
+                row = parse_line(raw.decode("utf-8"), where)
+            except UnicodeDecodeError:
+                raise UserError(f"{where}: not valid UTF-8") from None
+            if row is None:
+                continue
+            q = _question(row, where)
+            if q["id"] in seen:
+                raise UserError(f"{where}: duplicate id {q['id']!r} (first on line {seen[q['id']]})")
+            seen[q["id"]] = lineno
+            out.append(q)
+            if limit and len(out) >= limit:
+                break
+    if not out:
+        raise UserError(f"{path}: no questions")
+    return out
+
+
+def _question(row: dict, where: str) -> dict:
+    for key in ("id", "question", "golden_answers"):
+        if key not in row:
+            raise UserError(f"{where}: missing required field {key!r} (convert the file with `r3rag import`)")
+    qid, question, answers, meta = row["id"], row["question"], row["golden_answers"], row.get("metadata") or {}
+    if isinstance(qid, bool) or not isinstance(qid, (str, int)) or not str(qid).strip():
+        raise UserError(f"{where}: field 'id' must be a non-empty string or integer")
+    if not isinstance(question, str) or not question.strip():
+        raise UserError(f"{where}: field 'question' must be a non-empty string")
+    if not isinstance(answers, list) or not answers or not all(isinstance(a, str) and a.strip() for a in answers):
+        raise UserError(f"{where}: field 'golden_answers' must be a non-empty list of non-empty strings")
+    if not isinstance(meta, dict):
+        raise UserError(f"{where}: field 'metadata' must be an object")
+    return {**row, "id": str(qid), "question": question, "golden_answers": answers, "metadata": meta}
 
 
 def set_threads(n: int) -> None:
