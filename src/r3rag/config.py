@@ -117,6 +117,9 @@ def _coerce(tp, value: Any, where: str):
     if origin is dict or tp is dict:
         if not isinstance(value, dict):
             raise UserError(f"{where}: expected a mapping, got {value!r}")
+        args = typing.get_args(tp)
+        if len(args) == 2:  # dict[str, X]: each value typed too (e.g. named system specs)
+            return {str(k): _coerce(args[1], v, f"{where}.{k}") for k, v in value.items()}
         return dict(value)
     if tp is bool:
         if isinstance(value, bool):

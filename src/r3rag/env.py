@@ -123,7 +123,7 @@ def _encode(tokenizer, text: str) -> list[int] | None:
 
 
 def new_trajectory(example: dict, protocol: Protocol, tokenizer=None) -> Trajectory:
-    prompt = protocol.prompt(example["question"])
+    prompt = protocol.context_prompt(example["question"], tokenizer)
     return Trajectory(id=str(example["id"]), question=example["question"], prompt=prompt,
                       prompt_ids=_encode(tokenizer, prompt))
 

@@ -68,10 +68,21 @@ class Protocol:
     template: Literal["search-r1", "minimal"] = "search-r1"
     doc_style: Literal["search-r1", "plain"] = "search-r1"
     max_doc_chars: int = 0  # 0 = no truncation
+    chat: bool = False  # wrap the prompt as a user message in the tokenizer's chat template (instruct models)
 
     def prompt(self, question: str) -> str:
         tpl = SEARCH_R1_INSTRUCTION if self.template == "search-r1" else MINIMAL_TEMPLATE
         return tpl.format(question=question.strip())
+
+    def context_prompt(self, question: str, tokenizer=None) -> str:
+        """The text a trajectory starts from: the prompt, inside the chat template when `chat` is
+        set and the tokenizer has one (as Search-R1 prompts instruct models); the model's turns
+        and the documents then continue that one assistant message."""
+        prompt = self.prompt(question)
+        if not (self.chat and tokenizer is not None and getattr(tokenizer, "chat_template", None)):
+            return prompt
+        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
+                                             add_generation_prompt=True)
 
     def stop_strings(self) -> tuple[str, ...]:
         return STOP_STRINGS
