@@ -20,6 +20,11 @@ from rich.table import Table
 from r3rag.jsonl import read_jsonl
 
 COLUMNS = ("dataset", "system", "em", "em_ci", "f1", "f1_ci", "n", "searches", "gold_doc_recall")
+OPTIONAL = ("judge_acc", "tokens")  # shown only when some eval has them
+
+
+def columns(rows: list[dict]) -> tuple[str, ...]:
+    return COLUMNS + tuple(c for c in OPTIONAL if any(r.get(c) is not None for r in rows))
 
 
 def _dataset_name(manifest: dict) -> str:
@@ -35,9 +40,10 @@ def collect_rows(eval_dirs: list[Path]) -> list[dict]:
         metrics = json.loads((d / "metrics.json").read_text())
         for system, m in metrics["systems"].items():
             rows.append({
-                "dataset": _dataset_name(manifest), "system": system, "em": m["em"], "f1": m["f1"],
+                "dataset": metrics.get("dataset") or _dataset_name(manifest), "system": system, "em": m["em"], "f1": m["f1"],
                 "em_ci": m.get("em_ci"), "f1_ci": m.get("f1_ci"), "n": m["n"],
                 "searches": m.get("searches"), "gold_doc_recall": m.get("gold_doc_recall"),
+                "judge_acc": m.get("judge_acc"), "tokens": m.get("tokens"),
             })
     return rows
 
@@ -54,25 +60,28 @@ def _fmt(v) -> str:
 
 def rich_table(rows: list[dict]) -> Table:
     table = Table(title="r3rag report")
-    for c in COLUMNS:
+    cols = columns(rows)
+    for c in cols:
         table.add_column(c, justify="left" if c in ("dataset", "system") else "right")
     for r in rows:
-        table.add_row(*(_fmt(r[c]) for c in COLUMNS))
+        table.add_row(*(_fmt(r[c]) for c in cols))
     return table
 
 
 def write_markdown(rows: list[dict], path: Path) -> None:
-    lines = ["| " + " | ".join(COLUMNS) + " |", "|" + "---|" * len(COLUMNS)]
-    lines += ["| " + " | ".join(_fmt(r[c]) for c in COLUMNS) + " |" for r in rows]
+    cols = columns(rows)
+    lines = ["| " + " | ".join(cols) + " |", "|" + "---|" * len(cols)]
+    lines += ["| " + " | ".join(_fmt(r[c]) for c in cols) + " |" for r in rows]
     path.write_text("\n".join(lines) + "\n")
 
 
 def write_csv(rows: list[dict], path: Path) -> None:
     with open(path, "w", newline="") as f:
         w = csv.writer(f)
-        w.writerow(COLUMNS)
+        cols = columns(rows)
+        w.writerow(cols)
         for r in rows:
-            w.writerow([_fmt(r[c]) if isinstance(r[c], (list, tuple)) else r[c] for c in COLUMNS])
+            w.writerow([_fmt(r[c]) if isinstance(r[c], (list, tuple)) else r[c] for c in cols])
 
 
 def plot_bars(rows: list[dict], path: Path) -> None:

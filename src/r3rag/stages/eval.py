@@ -1,15 +1,31 @@
 """`r3rag eval`: EM/F1 of several systems on held-out questions, through the same rollout loop.
 
-Systems: `direct` (answer with no retrieval), `rag` (retrieve top-k with the question, answer
-once), `sft` and `rl` (the trained policies, searching step by step). `direct` and `rag`
-run the baseline policy (the SFT model) with its answer forced at once. Writes
-`predictions.jsonl` and `metrics.json` (`{"systems": {name: {"em", "f1", "n", ...}},
+Systems (`systems`, evaluated in order):
+- built-ins: `direct` (answer with no retrieval), `rag` (retrieve top-k with the question,
+  answer once) — both run `baseline_policy` with the answer forced —, `sft` and `rl` (the
+  trained policies, searching step by step);
+- any name defined under `models` (see r3rag.systems): a policy artifact, any transformers
+  model (prompted, in its chat template), an OpenAI-compatible endpoint, or a scripted baseline.
+
+Questions: the world artifact's `split`, or an imported file (`questions: path`, what
+`r3rag import` writes; the world is then not needed). Retrievers: the index artifact (or a
+`retriever` server URL), or several at once (`retrievers: [index:latest, runs/index/dense-..,
+http://...]`: every system runs with every retriever, labelled `system@retriever` — the
+retriever-transfer table). Sampling: `temperature` > 0 with `n_samples` draws (seeds seed,
+seed+1, ...); EM/F1 then average over samples per question, and `em_any` is the share of
+questions with at least one correct sample. `judge`: an LLM judge over an OpenAI-compatible
+endpoint adds `judge_acc` (R3-RAG's metric).
+
+Writes `predictions.jsonl` and `metrics.json` (`{"systems": {label: {"em", "f1", "n", ...}},
 "seconds": {stage: wall seconds}}`) and prints a table.
 
 Usage:
 
     r3rag eval --set limit=400
     r3rag eval --set systems='[sft]' --set rl=
+    r3rag eval --set questions=data/hotpotqa_dev.jsonl --set index=runs/index/hotpot-abc --set world= \\
+               --set 'systems=[top-title]' --set models.top-title.scripted=top-title
+    r3rag eval --set 'retrievers=[index:latest,runs/index/dense-abc]' --set 'systems=[sft]'
     r3rag eval --set retriever=http://127.0.0.1:8000 --set index=    # search through a retrieval server
 """
 
@@ -17,35 +33,35 @@ from __future__ import annotations
 
 import json
 import time
-from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from rich.table import Table
-
-from r3rag.artifacts import ArtifactRef, load_manifest
+from r3rag.artifacts import ArtifactRef, resolve
 from r3rag.env import EnvConfig, run_rollouts
 from r3rag.errors import UserError
+from r3rag.eval_metrics import print_table, stage_seconds, summarize, to_prediction
 from r3rag.jsonl import read_jsonl, write_jsonl
-from r3rag.metrics import bootstrap_ci, cover_match, exact_match, f1_score
-from r3rag.protocol import Protocol
+from r3rag.judge import AnswerJudge, JudgeSpec
 from r3rag.retrieval import is_url, open_retriever
-from r3rag.stages.common import Context, resolve_inputs, set_threads
-from r3rag.training import load_protocol_dict
+from r3rag.stages.common import FILE, Context, load_questions, resolve_inputs, set_threads
+from r3rag.systems import System, SystemSpec, check_spec, is_policy_artifact, load_system
 
-INPUTS = {"world": "world", "index": "index", "sft": "sft", "rl": "rl"}
-MODES = {"direct": "direct", "rag": "rag", "sft": "iterative", "rl": "iterative"}
+INPUTS = {"world": "world", "questions": FILE, "index": "index", "sft": "sft", "rl": "rl"}
+BUILTINS = {"direct": "direct", "rag": "rag", "sft": "iterative", "rl": "iterative"}
 
 
 @dataclass
 class Config:
     name: str = "default"
     world: str = "world:latest"
+    questions: str = ""  # an imported questions file (r3rag import) instead of the world's split
     index: str = "index:latest"
     retriever: str = ""  # a retrieval server URL (http://...) to search instead of the index
+    retrievers: list[str] = field(default_factory=list)  # several (index refs or URLs): retriever transfer
     sft: str = "sft:latest"
     rl: str = "rl:latest"  # "" when there is no RL policy
     systems: list[str] = field(default_factory=lambda: ["direct", "rag", "sft", "rl"])
+    models: dict[str, SystemSpec] = field(default_factory=dict)  # more systems, by name
     baseline_policy: str = "sft"  # the model `direct` and `rag` use
     split: str = "test"
     limit: int = 400
@@ -53,120 +69,151 @@ class Config:
     max_turns: int = 6
     max_new_tokens: int = 48
     batch_size: int = 128
+    temperature: float = 0.0  # 0 = greedy
+    n_samples: int = 1  # draws per question when sampling
+    judge: JudgeSpec = field(default_factory=JudgeSpec)
     threads: int = 0
     seed: int = 0
 
 
 def run(cfg: Config, ctx: Context):
-    for s in cfg.systems:
-        if s not in MODES:
-            raise UserError(f"eval.systems: unknown system {s!r} (available: {', '.join(MODES)})")
-    needed = {"world"} | {cfg.baseline_policy if MODES[s] != "iterative" else s for s in cfg.systems}
-    if not is_url(cfg.retriever):  # a retrieval server replaces the index
-        needed.add("index")
-    fields = {k: v for k, v in INPUTS.items() if k in needed}
-    for f in fields:
-        if not getattr(cfg, f):
-            raise UserError(f"eval: system(s) {cfg.systems} need input {f!r}, which is empty")
-    inputs = resolve_inputs(cfg, fields, ctx)
-    writer = ctx.writer("eval", cfg, inputs, INPUTS)
+    specs = system_specs(cfg)
+    inputs = resolve_inputs(cfg, needed_inputs(cfg, specs), ctx)
+    policies = {label: resolve_policy(s.model, ctx) for label, s in specs.items()
+                if s.model and not s.endpoint and is_policy_artifact(s.model)}
+    retrievers = retriever_refs(cfg, inputs, ctx)
+    all_inputs = {**inputs, **{f"model:{k}": v for k, v in policies.items() if k not in BUILTINS},
+                  **{f"retriever:{k}": v for k, v in retrievers.items() if isinstance(v, ArtifactRef)}}
+    writer = ctx.writer("eval", cfg, all_inputs, INPUTS)
     if writer.existing:
-        _print_table(json.loads((writer.existing.path / "metrics.json").read_text()), ctx)
+        print_table(json.loads((writer.existing.path / "metrics.json").read_text()), ctx.console)
         return ctx.skipped(writer)
     set_threads(cfg.threads)
-    questions = read_jsonl(inputs["world"].path / f"{cfg.split}.jsonl", required=("id", "question", "golden_answers"))
+    questions = (load_questions(inputs["questions"].path, limit=cfg.limit) if "questions" in inputs else
+                 read_jsonl(inputs["world"].path / f"{cfg.split}.jsonl", required=("id", "question", "golden_answers")))
     questions = questions[: cfg.limit] if cfg.limit else questions
-    retriever = open_retriever(cfg.retriever, inputs.get("index"))
+    judge = AnswerJudge.from_spec(cfg.judge) if cfg.judge.endpoint else None
     with writer:
         t0 = time.time()
-        systems, predictions = {}, []
-        for system in cfg.systems:
-            policy = inputs[system if MODES[system] == "iterative" else cfg.baseline_policy]
-            trajs = evaluate_system(policy, questions, retriever, MODES[system], cfg, ctx, system)
-            rows = [_prediction(system, t, q) for t, q in zip(trajs, questions)]
-            systems[system] = summarize(rows)
-            predictions.extend(rows)
+        results, predictions = {}, []
+        for label, spec in specs.items():
+            system = load_system(label, spec, policies[label].path if label in policies else None, cfg.batch_size)
+            for r_label, r_ref in retrievers.items():
+                name = f"{label}@{r_label}" if len(retrievers) > 1 else label
+                retriever = None if system.mode == "direct" else _open(r_ref)
+                rows, seconds = evaluate_system(system, questions, retriever, cfg, ctx, name)
+                if judge is not None:
+                    for row, ok in zip(rows, judge.judge_many([(r["question"], r["golden_answers"], r["answer"])
+                                                               for r in rows])):
+                        row["judge"] = ok
+                results[name] = {**summarize(rows), "seconds": round(seconds, 2),
+                                 "questions_per_s": round(len(questions) / seconds, 2) if seconds else None}
+                predictions.extend(rows)
         write_jsonl(writer.dir / "predictions.jsonl", predictions)
         seconds = stage_seconds(inputs)
         seconds["eval"] = round(time.time() - t0, 1)
-        metrics = {"systems": systems, "seconds": seconds}
+        metrics = {"systems": results, "seconds": seconds, "dataset": dataset_name(cfg, inputs)}
         (writer.dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
-        writer.metrics.update({s: {"em": m["em"], "f1": m["f1"], "n": m["n"]} for s, m in systems.items()})
-        _print_table(metrics, ctx)
+        writer.metrics.update({s: {"em": m["em"], "f1": m["f1"], "n": m["n"]} for s, m in results.items()})
+        print_table(metrics, ctx.console)
     return ctx.done(writer)
 
 
-def evaluate_system(policy: ArtifactRef, questions, retriever, mode: str, cfg: Config, ctx: Context, label: str):
-    from r3rag.generation.hf import HFGenerator
-    from r3rag.modeling import load_policy
+def system_specs(cfg: Config) -> dict[str, SystemSpec]:
+    """Every system to run, as a spec; built-ins point at the sft/rl inputs."""
+    specs = {}
+    for name in cfg.systems:
+        if name in cfg.models:
+            check_spec(name, cfg.models[name])
+            specs[name] = cfg.models[name]
+        elif name in BUILTINS:
+            policy = name if BUILTINS[name] == "iterative" else cfg.baseline_policy
+            if policy not in ("sft", "rl"):
+                raise UserError(f"eval.baseline_policy: expected sft or rl, got {policy!r}")
+            if not getattr(cfg, policy):
+                raise UserError(f"eval: system {name!r} needs input {policy!r}, which is empty")
+            specs[name] = SystemSpec(model=getattr(cfg, policy), mode=BUILTINS[name])
+        else:
+            known = list(BUILTINS) + list(cfg.models)
+            raise UserError(f"eval.systems: unknown system {name!r} (available: {', '.join(known)}; "
+                            "define more under eval.models)")
+    unused = sorted(set(cfg.models) - set(cfg.systems))
+    if unused:
+        raise UserError(f"eval.models: {unused[0]!r} is defined but not listed in eval.systems")
+    return specs
 
-    model, tokenizer = load_policy(policy.path)
-    protocol = Protocol(**load_protocol_dict(policy.path))
-    env_cfg = EnvConfig(mode=mode, top_k=cfg.top_k, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens)
-    gen = HFGenerator(model, tokenizer, batch_size=cfg.batch_size, temperature=0.0)
-    out = []
-    with ctx.progress() as progress:
-        task = progress.add_task(f"eval {label}", total=len(questions))
-        for lo in range(0, len(questions), cfg.batch_size * 4):
-            batch = questions[lo: lo + cfg.batch_size * 4]
-            out.extend(run_rollouts(batch, gen, retriever, protocol, env_cfg, tokenizer))
-            progress.advance(task, len(batch))
+
+def needed_inputs(cfg: Config, specs: dict[str, SystemSpec]) -> dict[str, str]:
+    needed = {"questions"} if cfg.questions else {"world"}
+    needed |= {name for name in ("sft", "rl") if any(s.model == getattr(cfg, name) and getattr(cfg, name)
+                                                     for s in specs.values())}
+    if not cfg.retrievers and not is_url(cfg.retriever) and any(s.mode != "direct" for s in specs.values()):
+        needed.add("index")
+    for f in needed:
+        if not getattr(cfg, f):
+            raise UserError(f"eval: needs input {f!r}, which is empty")
+    return {k: v for k, v in INPUTS.items() if k in needed}
+
+
+def retriever_refs(cfg: Config, inputs: dict, ctx: Context) -> dict[str, ArtifactRef | str | None]:
+    """label -> an index artifact or a server URL (one entry, labelled "", without `retrievers`)."""
+    if not cfg.retrievers:
+        return {"": cfg.retriever if is_url(cfg.retriever) else inputs.get("index")}
+    out: dict[str, ArtifactRef | str] = {}
+    for ref in cfg.retrievers:
+        target = ref if is_url(ref) else resolve(ref, "index", ctx.runs_dir)
+        label = ref if is_url(ref) else _index_label(target)
+        while label in out:
+            label += "'"
+        out[label] = target
     return out
 
 
-def _prediction(system: str, traj, q: dict) -> dict:
-    gold = q["golden_answers"]
-    needed = q.get("metadata", {}).get("supporting_docs", [])
-    found = {d for step in traj.retrieved for d in step}
-    return {
-        "system": system, "id": q["id"], "question": q["question"], "golden_answers": gold,
-        "answer": traj.answer, "em": exact_match(traj.answer, gold), "f1": f1_score(traj.answer, gold),
-        "cover": cover_match(traj.answer, gold), "finish_reason": traj.finish_reason,
-        "searches": len(traj.retrieved), "hops": q.get("metadata", {}).get("hops"),
-        "gold_doc_recall": (len(set(needed) & found) / len(needed)) if needed else None,
-        "turns": [{"role": t.role, "text": t.text} for t in traj.turns],
-        "retrieved_docs": traj.documents, "gold_docs": needed,
-    }
+def _index_label(ref: ArtifactRef) -> str:
+    backend = ref.manifest.get("config", {}).get("backend", "index")
+    name = ref.manifest.get("config", {}).get("name", "default")
+    return backend if name in ("default", backend) else f"{backend}:{name}"
 
 
-def summarize(rows: list[dict]) -> dict:
-    n = len(rows)
-    mean = lambda key: round(sum(r[key] for r in rows) / n, 4) if n else 0.0  # noqa: E731
-    by_hops: dict[str, dict] = {}
-    for h in sorted({r["hops"] for r in rows if r["hops"] is not None}):
-        sub = [r for r in rows if r["hops"] == h]
-        by_hops[str(h)] = {"em": round(sum(r["em"] for r in sub) / len(sub), 4), "n": len(sub)}
-    recall = [r["gold_doc_recall"] for r in rows if r["gold_doc_recall"] is not None]
-    return {"em": mean("em"), "f1": mean("f1"), "cover": mean("cover"), "n": n,
-            "em_ci": bootstrap_ci([r["em"] for r in rows]), "f1_ci": bootstrap_ci([r["f1"] for r in rows]),
-            "searches": mean("searches"), "finish_reasons": dict(Counter(r["finish_reason"] for r in rows)),
-            "gold_doc_recall": round(sum(recall) / len(recall), 4) if recall else None, "by_hops": by_hops}
+def _open(ref):
+    if isinstance(ref, str):
+        return open_retriever(ref)
+    return open_retriever(None, ref)
 
 
-def stage_seconds(inputs: dict[str, ArtifactRef]) -> dict:
-    """Wall seconds of every upstream stage, found by walking the input manifests."""
-    seconds: dict[str, float] = {}
-    todo = list(inputs.values())
-    while todo:
-        ref = todo.pop()
-        seconds.setdefault(ref.stage, ref.manifest.get("seconds", 0.0))
-        for inp in ref.manifest.get("inputs", {}).values():
-            m = load_manifest(Path(inp["path"]))
-            if m:
-                todo.append(ArtifactRef(inp["stage"], inp["id"], Path(inp["path"]), m))
-    order = ("world", "index", "synthesize", "sft", "rl")
-    return {s: seconds[s] for s in order if s in seconds}
+def resolve_policy(ref: str, ctx: Context) -> ArtifactRef:
+    """`sft:latest`, `rl:<id>` or the directory of an sft/rl artifact."""
+    if ":" in ref and not Path(ref).exists():
+        return resolve(ref, ref.split(":")[0], ctx.runs_dir)
+    manifest = Path(ref) / "manifest.json"
+    stage = json.loads(manifest.read_text()).get("stage") if manifest.is_file() else None
+    if stage not in ("sft", "rl"):
+        raise UserError(f"input {ref!r}: not an sft or rl policy artifact")
+    return resolve(ref, stage, ctx.runs_dir)
 
 
-def _print_table(metrics: dict, ctx: Context) -> None:
-    table = Table(title="evaluation (held-out questions)")
-    for col in ("system", "EM", "F1", "n", "searches", "2-hop EM", "3-hop EM"):
-        table.add_column(col, justify="right" if col != "system" else "left")
-    for name, m in metrics["systems"].items():
-        hops = m.get("by_hops", {})
-        table.add_row(name, f"{m['em']:.3f}", f"{m['f1']:.3f}", str(m["n"]), f"{m['searches']:.2f}",
-                      f"{hops['2']['em']:.3f}" if "2" in hops else "-", f"{hops['3']['em']:.3f}" if "3" in hops else "-")
-    ctx.console.print(table)
-    secs = metrics.get("seconds", {})
-    if secs:
-        ctx.console.print("seconds per stage: " + ", ".join(f"{k} {v:.0f}" for k, v in secs.items()))
+def evaluate_system(system: System, questions: list[dict], retriever, cfg: Config, ctx: Context,
+                    label: str) -> tuple[list[dict], float]:
+    """Prediction rows (one per question and sample) and the wall seconds they took."""
+    env_cfg = EnvConfig(mode=system.mode, top_k=cfg.top_k, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens)
+    n_samples = cfg.n_samples if cfg.temperature > 0 else 1
+    if n_samples < 1:
+        raise UserError("eval.n_samples: must be at least 1")
+    rows, chunk = [], cfg.batch_size * 4
+    t0 = time.perf_counter()
+    with ctx.progress() as progress:
+        task = progress.add_task(f"eval {label}", total=len(questions) * n_samples)
+        for sample in range(n_samples):
+            gen = system.make_generator(cfg.temperature, cfg.seed + sample)
+            for lo in range(0, len(questions), chunk):
+                batch = questions[lo: lo + chunk]
+                trajs = run_rollouts(batch, gen, retriever, system.protocol, env_cfg, system.tokenizer)
+                rows += [to_prediction(label, t, q, sample) for t, q in zip(trajs, batch)]
+                progress.advance(task, len(batch))
+    return rows, time.perf_counter() - t0
+
+
+def dataset_name(cfg: Config, inputs: dict) -> str:
+    if "questions" in inputs:
+        return Path(cfg.questions).stem
+    return f"{inputs['world'].id}:{cfg.split}"

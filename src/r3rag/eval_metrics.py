@@ -1,0 +1,125 @@
+"""Evaluation rows and their summary: what `r3rag eval` records per question and per system.
+
+A prediction row holds the answer, EM/F1/cover, finish reason, searches, model tokens,
+gold-document recall (by doc id on the synthetic world, by supporting title on real data),
+the question's hop count and type, and the whole trajectory (for the viewer). A summary
+averages over samples per question first, so bootstrap intervals resample questions.
+
+Usage:
+    rows = [to_prediction("sft", traj, question, sample=0) for ...]
+    summary = summarize(rows)     # em, f1, cover, em_ci, f1_ci, searches, tokens, by_hops, by_type, ...
+"""
+
+from __future__ import annotations
+
+from collections import Counter, defaultdict
+from pathlib import Path
+
+from rich.table import Table
+
+from r3rag.artifacts import ArtifactRef, load_manifest
+from r3rag.metrics import bootstrap_ci, cover_match, exact_match, f1_score
+
+
+def to_prediction(system: str, traj, q: dict, sample: int = 0) -> dict:
+    gold = q["golden_answers"]
+    meta = q.get("metadata", {})
+    return {
+        "system": system, "id": q["id"], "sample": sample, "question": q["question"], "golden_answers": gold,
+        "answer": traj.answer, "em": exact_match(traj.answer, gold), "f1": f1_score(traj.answer, gold),
+        "cover": cover_match(traj.answer, gold), "finish_reason": traj.finish_reason,
+        "searches": len(traj.retrieved), "hops": meta.get("hops"), "type": meta.get("type"),
+        "tokens": _model_tokens(traj), "gold_doc_recall": gold_recall(traj, meta),
+        "turns": [{"role": t.role, "text": t.text} for t in traj.turns],
+        "retrieved_docs": traj.documents, "gold_docs": meta.get("supporting_docs") or meta.get("supporting_titles", []),
+    }
+
+
+def _model_tokens(traj) -> int | None:
+    turns = [t for t in traj.turns if t.role == "model"]
+    return sum(len(t.ids) for t in turns) if turns and all(t.ids is not None for t in turns) else None
+
+
+def gold_recall(traj, meta: dict) -> float | None:
+    """Share of the gold documents retrieved at any step: ids when the data has them, else titles."""
+    if meta.get("supporting_docs"):
+        needed, found = set(meta["supporting_docs"]), {d for step in traj.retrieved for d in step}
+    elif meta.get("supporting_titles"):
+        needed = {t.strip().lower() for t in meta["supporting_titles"]}
+        found = {d["title"].strip().lower() for step in traj.documents for d in step}
+    else:
+        return None
+    return len(needed & found) / len(needed)
+
+
+def _mean(xs: list) -> float | None:
+    xs = [x for x in xs if x is not None]
+    return round(sum(xs) / len(xs), 4) if xs else None
+
+
+def summarize(rows: list[dict]) -> dict:
+    per_q: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        per_q[r["id"]].append(r)
+    qs = list(per_q.values())
+    em = [sum(r["em"] for r in rs) / len(rs) for rs in qs]
+    f1 = [sum(r["f1"] for r in rs) / len(rs) for rs in qs]
+    out = {"em": _mean(em) or 0.0, "f1": _mean(f1) or 0.0, "cover": _mean([r["cover"] for r in rows]) or 0.0,
+           "n": len(qs), "samples": len(rows) // max(len(qs), 1),
+           "em_ci": bootstrap_ci(em), "f1_ci": bootstrap_ci(f1),
+           "searches": _mean([r["searches"] for r in rows]) or 0.0, "tokens": _mean([r["tokens"] for r in rows]),
+           "finish_reasons": dict(Counter(r["finish_reason"] for r in rows)),
+           "gold_doc_recall": _mean([r["gold_doc_recall"] for r in rows]),
+           "by_hops": _breakdown(rows, "hops"), "by_type": _breakdown(rows, "type")}
+    if out["samples"] > 1:
+        out["em_any"] = _mean([float(any(r["em"] for r in rs)) for rs in qs])
+    if any("judge" in r for r in rows):
+        out["judge_acc"] = _mean([float(r["judge"]) for r in rows])
+    return out
+
+
+def _breakdown(rows: list[dict], key: str) -> dict:
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r.get(key) is not None:
+            groups[str(r[key])].append(r)
+    return {g: {"em": _mean([r["em"] for r in rs]), "f1": _mean([r["f1"] for r in rs]),
+                "n": len({r["id"] for r in rs})} for g, rs in sorted(groups.items())}
+
+
+def stage_seconds(inputs: dict[str, ArtifactRef]) -> dict:
+    """Wall seconds of every upstream stage, found by walking the input manifests."""
+    seconds: dict[str, float] = {}
+    todo = [r for r in inputs.values() if r.stage != "file"]
+    while todo:
+        ref = todo.pop()
+        seconds.setdefault(ref.stage, ref.manifest.get("seconds", 0.0))
+        for inp in ref.manifest.get("inputs", {}).values():
+            m = load_manifest(Path(inp["path"])) if inp.get("stage") != "file" else None
+            if m:
+                todo.append(ArtifactRef(inp["stage"], inp["id"], Path(inp["path"]), m))
+    order = ("world", "index", "synthesize", "sft", "rl")
+    return {s: seconds[s] for s in order if s in seconds}
+
+
+def print_table(metrics: dict, console) -> None:
+    systems = metrics["systems"]
+    hop_keys = sorted({h for m in systems.values() for h in m.get("by_hops", {})}, key=str)[:4]
+    table = Table(title=f"evaluation: {metrics.get('dataset', 'held-out questions')}")
+    cols = ["system", "EM", "F1", "n", "searches", "tokens", "q/s"] + [f"{h}-hop EM" for h in hop_keys]
+    if any("judge_acc" in m for m in systems.values()):
+        cols.insert(3, "judge")
+    for col in cols:
+        table.add_column(col, justify="right" if col != "system" else "left")
+    fmt = lambda v, spec=".3f": "-" if v is None else format(v, spec)  # noqa: E731
+    for name, m in systems.items():
+        row = {"system": name, "EM": fmt(m["em"]), "F1": fmt(m["f1"]), "n": str(m["n"]), "judge": fmt(m.get("judge_acc")),
+               "searches": fmt(m["searches"], ".2f"), "tokens": fmt(m.get("tokens"), ".1f"),
+               "q/s": fmt(m.get("questions_per_s"), ".1f")}
+        hops = m.get("by_hops", {})
+        row.update({f"{h}-hop EM": fmt(hops[h]["em"]) if h in hops else "-" for h in hop_keys})
+        table.add_row(*(row[c] for c in cols))
+    console.print(table)
+    secs = metrics.get("seconds", {})
+    if secs:
+        console.print("seconds per stage: " + ", ".join(f"{k} {v:.0f}" for k, v in secs.items()))

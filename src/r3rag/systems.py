@@ -1,0 +1,129 @@
+"""Systems to evaluate: what answers the questions, behind the rollout loop's Generator interface.
+
+A system is a policy plus a mode (`iterative`: the protocol loop; `rag`: retrieve top-k with
+the question, answer once; `direct`: answer with no retrieval). The policy is one of:
+
+- a policy artifact written by `r3rag sft` / `r3rag rl` (`sft:latest`, `runs/rl/...`): its
+  own tokenizer and the protocol it was trained with;
+- any transformers causal LM (hub id or local directory): prompted with the protocol's
+  instruction (`template`), inside its chat template when it has one (`chat`), as Search-R1
+  and IRCoT-style baselines prompt instruct models;
+- an OpenAI-compatible endpoint (`endpoint` = base URL, `model` = served model name, API key
+  from the environment variable named by `api_key_env`);
+- a scripted baseline (`scripted: top-title`: search the question, answer the top document's
+  title), a fixed reference policy whose numbers can be checked by hand.
+
+Usage (pipeline YAML, eval section):
+    models:
+      qwen-iter: {model: Qwen/Qwen2.5-7B-Instruct, mode: iterative}
+      deepseek:  {endpoint: https://api.deepseek.com/v1, model: deepseek-chat, api_key_env: DEEPSEEK_API_KEY}
+      top-title: {scripted: top-title}
+    systems: [rag, sft, qwen-iter, top-title]
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Literal
+
+from r3rag.errors import UserError
+from r3rag.protocol import Protocol
+
+SCRIPTS = ("top-title",)
+
+
+@dataclass
+class SystemSpec:
+    model: str = ""  # policy artifact, transformers path / hub id, or (with endpoint) the served model name
+    endpoint: str = ""  # OpenAI-compatible base URL: the policy is that endpoint
+    api_key_env: str = ""  # environment variable holding the endpoint's API key (never stored)
+    scripted: str = ""  # a scripted baseline: top-title
+    mode: Literal["iterative", "direct", "rag"] = "iterative"
+    template: Literal["search-r1", "minimal"] = "search-r1"  # prompt for models that are not r3rag policies
+    doc_style: Literal["search-r1", "plain"] = "search-r1"
+    chat: bool = True  # use the tokenizer's chat template when it has one (models that are not policies)
+    dtype: str = "auto"  # transformers models: auto | float32 | bfloat16 | float16
+    request_params: dict = field(default_factory=dict)  # endpoint: extra chat-completions fields
+
+
+@dataclass
+class System:
+    label: str
+    mode: str
+    protocol: Protocol
+    make_generator: object  # (temperature, seed) -> Generator
+    tokenizer: object = None
+
+
+def is_policy_artifact(ref: str) -> bool:
+    """`sft:...` / `rl:...` refs, or a directory that holds a policy (policy.json)."""
+    return ref.startswith(("sft:", "rl:")) or (Path(ref) / "policy.json").is_file()
+
+
+def check_spec(label: str, spec: SystemSpec) -> None:
+    kinds = [k for k in ("endpoint", "scripted") if getattr(spec, k)]
+    if len(kinds) > 1:
+        raise UserError(f"eval.models.{label}: set one of endpoint or scripted, not both")
+    if spec.scripted and spec.scripted not in SCRIPTS:
+        raise UserError(f"eval.models.{label}.scripted: unknown script {spec.scripted!r} (available: {', '.join(SCRIPTS)})")
+    if not spec.scripted and not spec.model:
+        raise UserError(f"eval.models.{label}: set model (a policy artifact, a transformers path or hub id)")
+    if spec.scripted and spec.mode != "iterative":
+        raise UserError(f"eval.models.{label}: a scripted system runs in mode iterative")
+
+
+def load_system(label: str, spec: SystemSpec, policy_path: Path | None, batch_size: int) -> System:
+    """`policy_path`: the resolved artifact when `spec.model` is a policy artifact."""
+    check_spec(label, spec)
+    if spec.scripted:
+        protocol = Protocol(template=spec.template, doc_style=spec.doc_style)
+        return System(label, spec.mode, protocol, lambda temperature, seed: top_title_generator(protocol))
+    if spec.endpoint:
+        return _endpoint_system(label, spec)
+    from r3rag.generation.hf import HFGenerator
+    from r3rag.modeling import load_model, load_policy, load_tokenizer
+    from r3rag.training import load_protocol_dict
+
+    if policy_path is not None:
+        model, tokenizer = load_policy(policy_path)
+        protocol = Protocol(**load_protocol_dict(policy_path))
+    else:
+        tokenizer = load_tokenizer(spec.model)
+        model = load_model(spec.model, dtype=spec.dtype)
+        model.eval()
+        protocol = Protocol(template=spec.template, doc_style=spec.doc_style, chat=spec.chat)
+
+    def make(temperature: float, seed: int):
+        import torch
+
+        torch.manual_seed(seed)  # sampling draws from torch's generator
+        return HFGenerator(model, tokenizer, batch_size=batch_size, temperature=temperature)
+
+    return System(label, spec.mode, protocol, make, tokenizer)
+
+
+def _endpoint_system(label: str, spec: SystemSpec) -> System:
+    from r3rag.generation.openai_chat import ChatGenerator
+    from r3rag.llm.openai_client import ChatClient
+
+    protocol = Protocol(template=spec.template, doc_style=spec.doc_style)
+
+    def make(temperature: float, seed: int):
+        client = ChatClient(spec.endpoint, spec.model, api_key_env=spec.api_key_env, **spec.request_params)
+        return ChatGenerator(client, protocol, temperature=temperature, seed=seed)
+
+    return System(label, spec.mode, protocol, make)
+
+
+def top_title_generator(protocol: Protocol):
+    """Search the question; answer with the top retrieved document's title."""
+    from r3rag.generation.scripted import ScriptedGenerator
+
+    def script(traj) -> str:
+        if not traj.documents:
+            return protocol.search_turn(traj.question)
+        top = traj.documents[-1]
+        return protocol.answer_turn(top[0]["title"] if top else "unknown")
+
+    return ScriptedGenerator(script)
