@@ -112,7 +112,7 @@ def plot_bars(rows: list[dict], path: Path) -> None:
 
 def write_viewer(eval_dirs: list[Path], path: Path, max_per_system: int = 300) -> int:
     """One HTML file, no external resources: every prediction's turns, retrieved documents
-    (gold ones highlighted: class "gold"), answer and correctness; a filter shows only failures."""
+    (gold ones highlighted: class "gold"; gold = listed by id, or by title on real data), answer and correctness; a filter shows only failures."""
     records = []
     for d in eval_dirs:
         counts: dict[str, int] = {}
@@ -153,7 +153,7 @@ function renderTurn(t, r, k) {
   if (!docs) return `<div class="turn env">${esc(t.text)}</div>`;
   const gold = new Set(r.gold_docs || []);
   return `<div class="turn env">` + docs.map(d =>
-    `<span class="doc${gold.has(d.id) ? " gold" : ""}" data-doc="${esc(d.id)}">[${esc(d.id)}] ${esc(d.title)}: ${esc(d.text)}</span>`
+    `<span class="doc${gold.has(d.id) || gold.has(d.title) ? " gold" : ""}" data-doc="${esc(d.id)}">[${esc(d.id)}] ${esc(d.title)}: ${esc(d.text)}</span>`
   ).join("") + `</div>`;
 }
 function render() {
