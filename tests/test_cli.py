@@ -1,8 +1,12 @@
 """The CLI: help on every command, one clear error line and a non-zero exit on bad input."""
 
+from pathlib import Path
+
 import pytest
 
 from tests.cli_helpers import assert_one_line_error, r3rag
+
+ROOT = Path(__file__).resolve().parents[1]
 
 COMMANDS = ["world", "index", "synthesize", "sft", "rl", "eval", "run", "runs", "serve-retriever", "report", "eval-retrieval", "import"]
 
@@ -62,3 +66,15 @@ def test_eval_retrieval_on_real_hotpotqa(tmp_path, shared_root):
     m = json.loads(out.stdout.strip().splitlines()[-1])
     assert m["n"] == 1 and m["n_gold"] == 1
     assert m["hops_recall@10"] == 1.0 and 0.0 <= m["recall@1"] <= 0.5
+
+
+def test_run_dry_run_validates_and_writes_nothing(tmp_path):
+    runs = tmp_path / "runs"
+    out = r3rag("run", "pipelines/demo.yaml", "--dry-run", "--runs-dir", str(runs), cwd=ROOT)
+    assert out.returncode == 0, out.stderr
+    assert "this run's sft" in out.stdout and "extra_worlds=80" in out.stdout and "config is valid" in out.stdout
+    assert not runs.exists()
+    out = r3rag("run", "pipelines/demo.yaml", "--dry-run", "--runs-dir", str(runs), "--set", "sft.lr=fast", cwd=ROOT)
+    assert_one_line_error(out, "sft.lr", "expected a number")
+    out = r3rag("run", "pipelines/demo.yaml", "--dry-run", "--set", "eval.systems=[foo]", cwd=ROOT)
+    assert_one_line_error(out, "unknown system 'foo'")

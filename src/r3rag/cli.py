@@ -184,16 +184,23 @@ def import_cmd(
 
 @app.command("run")
 def run_cmd(pipeline: Annotated[Path, typer.Argument(help="Pipeline YAML (e.g. pipelines/demo.yaml).")],
-            set_: SetOpt = None, runs_dir: RunsOpt = None, debug: DebugOpt = False):
+            set_: SetOpt = None, runs_dir: RunsOpt = None,
+            dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate the whole config and print the plan; load and write nothing.")] = False,
+            debug: DebugOpt = False):
     """Run a pipeline's stages in order, reusing any artifact that already exists for the same config and inputs.
 
     Overrides name the stage: --set world.seed=7 --set sft.epochs=2. The last line printed is
-    the path of the final artifact.
+    the path of the final artifact. --dry-run checks every stage's config and prints the plan
+    (inputs and non-default settings per stage) without loading data or weights.
     """
 
     def go():
-        from r3rag.pipeline import run_pipeline
+        from r3rag.pipeline import plan_pipeline, print_plan, run_pipeline
 
+        if dry_run:
+            print_plan(plan_pipeline(pipeline, list(set_ or []), runs_dir), pipeline)
+            print("dry run: the config is valid")
+            return
         ref = run_pipeline(pipeline, list(set_ or []), runs_dir)
         print(ref.path)
 

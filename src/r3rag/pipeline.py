@@ -7,6 +7,7 @@ written as `<stage>:latest` is bound to the artifact that stage produced in this
 Usage:
     run_stage("sft", Path("pipelines/demo.yaml"), ["epochs=2"], runs_dir=None)
     run_pipeline(Path("pipelines/demo.yaml"), ["world.seed=7"])
+    plan_pipeline(Path("pipelines/r3rag-qwen2.5-7b.yaml"), [])   # --dry-run: validate, print the plan
 """
 
 from __future__ import annotations
@@ -74,6 +75,60 @@ def run_pipeline(path: Path, overrides: list[str], runs_dir: Path | None) -> Art
         ref = run_stage(stage, path, per_stage[stage], runs_dir, bound=bound, data=data)
         bound[stage] = ref
     return ref
+
+
+def plan_pipeline(path: Path, overrides: list[str], runs_dir: Path | None) -> list[dict]:
+    """Validate every stage's config (keys, types, stage checks) and say where each input comes
+    from, without loading data or weights. Inputs that do not exist yet are listed, not errors:
+    a recipe is planned on a machine that has neither its corpus nor its models."""
+    import dataclasses
+
+    data = _load_pipeline(path)
+    stages = data.get("stages") or [s for s in STAGE_ORDER if s in data]
+    bad = [s for s in stages if s not in STAGE_ORDER]
+    if bad:
+        raise UserError(f"{path}: unknown stage {bad[0]!r} in stages (known: {', '.join(STAGE_ORDER)})")
+    per_stage = _split_overrides(overrides, stages)
+    runs_dir = Path(runs_dir) if runs_dir else default_runs_dir()
+    plan = []
+    for i, stage in enumerate(stages):
+        module = _stage_module(stage)
+        cfg = build_config(module.Config, _section(data, stage, path), parse_overrides(per_stage[stage]),
+                           where=f"{path}: {stage}")
+        if hasattr(module, "validate"):
+            module.validate(cfg)
+        defaults = dataclasses.asdict(module.Config())
+        settings = {k: v for k, v in dataclasses.asdict(cfg).items()
+                    if k not in module.INPUTS and v != defaults.get(k)}
+        inputs = {f: _plan_input(getattr(cfg, f), src, stages[:i], runs_dir)
+                  for f, src in module.INPUTS.items() if getattr(cfg, f)}
+        plan.append({"stage": stage, "settings": settings, "inputs": inputs})
+    return plan
+
+
+def _plan_input(value: str, src: str, earlier: list[str], runs_dir: Path) -> str:
+    from r3rag.artifacts import resolve
+
+    if value == f"{src}:latest" and src in earlier:
+        return f"this run's {src}"
+    if src == "file":
+        return value if Path(value).is_file() else f"{value} (missing: needed at run time)"
+    try:
+        return str(resolve(value, src, runs_dir, verify=False).path)
+    except UserError:
+        return f"{value} (not found: needed at run time)"
+
+
+def print_plan(plan: list[dict], path: Path) -> None:
+    from rich.console import Console
+
+    table = Table(title=f"plan of {path} (dry run: nothing loaded or written)")
+    for col in ("stage", "inputs", "settings (not default)"):
+        table.add_column(col, overflow="fold")
+    for row in plan:
+        table.add_row(row["stage"], "\n".join(f"{k}: {v}" for k, v in row["inputs"].items()) or "-",
+                      ", ".join(f"{k}={v}" for k, v in row["settings"].items()) or "-")
+    Console().print(table)
 
 
 def _split_overrides(overrides: list[str], stages: list[str]) -> dict[str, list[str]]:

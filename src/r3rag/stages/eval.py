@@ -119,6 +119,13 @@ def run(cfg: Config, ctx: Context):
     return ctx.done(writer)
 
 
+def validate(cfg: Config) -> None:
+    """Checks a dry run can make without loading anything."""
+    system_specs(cfg)
+    if cfg.n_samples < 1:
+        raise UserError("eval.n_samples: must be at least 1")
+
+
 def system_specs(cfg: Config) -> dict[str, SystemSpec]:
     """Every system to run, as a spec; built-ins point at the sft/rl inputs."""
     specs = {}
