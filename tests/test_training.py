@@ -7,7 +7,7 @@ from r3rag.generation.scripted import ScriptedGenerator
 from r3rag.modeling import tiny_model, train_word_tokenizer
 from r3rag.protocol import Protocol
 from r3rag.retrieval.bm25 import BM25Retriever
-from r3rag.stages.rl import rollout_batch
+from r3rag.grpo import rollout_batch
 from r3rag.training import IGNORE, tokenize_trajectory
 
 DOCS = [{"id": "p1", "title": "Ava Smith", "text": "Ava Smith works for Zentro Labs ."},

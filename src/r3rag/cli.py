@@ -30,6 +30,7 @@ SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Overri
 SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Shortcut for --set seed=N.")]
 RunsOpt = Annotated[Optional[Path], typer.Option("--runs-dir", help="Where artifacts live (default: runs/ or $R3RAG_RUNS).")]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks.")]
+ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue from the run's last checkpoint (same settings).")]
 
 
 def _guard(fn, debug: bool):
@@ -77,8 +78,20 @@ def _config_epilog(stage: str) -> str:
     return f"**Config keys** (`--set key=value`; defaults): {keys}"
 
 
+def _rl_command():
+    """`rl` is the one stage that resumes: `--resume` is `--set resume=true`."""
+    base = _stage_command("rl")
+
+    def command(config: ConfigOpt = None, set_: SetOpt = None, seed: SeedOpt = None, resume: ResumeOpt = False,
+                runs_dir: RunsOpt = None, debug: DebugOpt = False):
+        base(config, list(set_ or []) + (["resume=true"] if resume else []), seed, runs_dir, debug)
+
+    command.__doc__ = base.__doc__
+    return command
+
+
 for _stage in ("world", "index", "synthesize", "sft", "rl", "eval"):
-    app.command(_stage, epilog=_config_epilog(_stage))(_stage_command(_stage))
+    app.command(_stage, epilog=_config_epilog(_stage))(_rl_command() if _stage == "rl" else _stage_command(_stage))
 
 
 @app.command("report", epilog=_config_epilog("report"))

@@ -135,6 +135,9 @@ class Protocol:
         return f"{THINK_OPEN} {thought} {THINK_CLOSE} " if thought else ""
 
     def is_well_formed(self, model_texts: list[str]) -> bool:
-        """Every turn parses, and the last one answers."""
+        """Every turn is one closed action with balanced <think> tags and no <information> of its
+        own, and the last turn answers."""
         steps = [self.parse_step(t) for t in model_texts]
-        return bool(steps) and all(s.kind != "invalid" for s in steps) and steps[-1].kind == "answer"
+        tags_ok = all(t.count(THINK_OPEN) == t.count(THINK_CLOSE) and INFO_OPEN not in t and INFO_CLOSE not in t
+                      for t in model_texts)
+        return bool(steps) and tags_ok and all(s.kind != "invalid" for s in steps) and steps[-1].kind == "answer"

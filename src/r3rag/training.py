@@ -19,15 +19,29 @@ from r3rag.env import Trajectory, Turn, join_turns
 IGNORE = -100
 
 
+def completion_with_eos(traj: Trajectory, eos_id: int, budget: int = 0) -> tuple[list[int], list[int]]:
+    """The one span rule for SFT labels and the GRPO env_mask: the joined turns, then EOS.
+
+    EOS is a model token (learned) only after an answer. A trajectory that stopped otherwise
+    (turn or token limit, malformed step) still ends in EOS, so TRL does not take it for a
+    truncated sample and zero it, but that EOS is masked: nothing teaches the model to stop
+    mid-search. `budget` caps the length, EOS kept last (then masked: the trajectory was cut).
+    """
+    ids, mask = join_turns(traj.turns)
+    eos_learned = int(traj.finish_reason == "answer")
+    if budget and len(ids) >= budget:
+        ids, mask, eos_learned = ids[: budget - 1], mask[: budget - 1], 0
+    return ids + [eos_id], mask + [eos_learned]
+
+
 def tokenize_trajectory(row: dict, tokenizer, max_length: int = 0) -> tuple[list[int], list[int]]:
-    """Prompt + turns + EOS; loss only on model turns and the final EOS (same span rule as env_mask)."""
+    """Prompt + turns + EOS; loss only on model turns (and EOS after an answer): `completion_with_eos`."""
     traj = Trajectory.from_json(row)
     prompt_ids = tokenizer.encode(traj.prompt, add_special_tokens=False)
-    turns = [Turn(t.role, t.text, tokenizer.encode(t.text, add_special_tokens=False)) for t in traj.turns]
-    comp_ids, mask = join_turns(turns)
-    ids = prompt_ids + comp_ids + [tokenizer.eos_token_id]
+    traj.turns = [Turn(t.role, t.text, tokenizer.encode(t.text, add_special_tokens=False)) for t in traj.turns]
+    comp_ids, mask = completion_with_eos(traj, tokenizer.eos_token_id)
+    ids = prompt_ids + comp_ids
     labels = [IGNORE] * len(prompt_ids) + [i if m else IGNORE for i, m in zip(comp_ids, mask)]
-    labels.append(tokenizer.eos_token_id)
     if max_length and len(ids) > max_length:
         ids, labels = ids[:max_length], labels[:max_length]
     return ids, labels

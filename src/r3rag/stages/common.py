@@ -36,7 +36,9 @@ class Context:
     def writer(self, stage: str, cfg, inputs: dict[str, ArtifactRef], input_fields: dict[str, str]) -> ArtifactWriter:
         config = dataclasses.asdict(cfg)
         # Input refs ("world:latest" or a path) are hashed by content, not by how they were named.
-        hashed = {k: v for k, v in config.items() if k not in input_fields}
+        # Settings a config class lists in UNHASHED (how to run: resume, logging) do not change the artifact.
+        skip = set(input_fields) | set(getattr(cfg, "UNHASHED", ()))
+        hashed = {k: v for k, v in config.items() if k not in skip}
         w = ArtifactWriter(stage, cfg.name, hashed, inputs, self.runs_dir, seed=getattr(cfg, "seed", None))
         w.config = config
         return w

@@ -1,149 +1,239 @@
 """`r3rag rl`: GRPO with TRL's GRPOTrainer and a multi-turn `rollout_func`.
 
-Each rollout runs the environment loop (generate until `</search>`/`</answer>`, retrieve,
-append `<information>`...) and returns `env_mask`, so retrieved tokens get no loss. The
-reward is a weighted sum of named components (`em`, `f1`, `format`), each logged.
+Each process rolls out its share of every step's prompts through the environment loop
+(generate until `</search>`/`</answer>`, retrieve, append the documents...) and returns
+`env_mask`, so retrieved tokens get no loss. The reward is a weighted sum of named
+components (em, f1, cover, format, search_r1_format, judge, relevance, r3rag: see
+`r3rag.rewards` for the formulas); every component is logged each step, weight 0 = logged
+only. Starts from an SFT policy artifact, or from any transformers model (`model=`, the
+Search-R1 recipe: RL from a base model).
+
+Checkpoints go to `runs/rl/.work-<id>/` every `save_steps`; after a crash or a kill,
+`r3rag rl --resume` (same settings) continues from the last one. The artifact holds the
+policy (`model/`, merged when trained with LoRA), `metrics.jsonl` (one line per step),
+`rollouts.jsonl` (a sample per step and process), `reward_curves.png`.
 
 Usage:
 
     r3rag rl --set steps=30 --set num_generations=8 --set rewards='{em: 1.0, format: 0.1}'
+    r3rag rl --set rewards='{r3rag: 1.0, em: 0}' --set reward.relevance=embedding
     r3rag rl --set retriever=http://127.0.0.1:8000 --set index=    # search through a retrieval server
+    r3rag rl --resume                                               # continue a killed run
+    accelerate launch --config_file pipelines/accelerate/cpu-2proc.yaml -m r3rag.cli rl --set steps=4
 """
 
 from __future__ import annotations
 
+import shutil
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 
-from r3rag.env import EnvConfig, run_rollouts
+from r3rag.artifacts import ArtifactRef, load_manifest
+from r3rag.errors import UserError
 from r3rag.jsonl import read_jsonl
 from r3rag.protocol import Protocol
 from r3rag.retrieval import is_url, open_retriever
+from r3rag.rewards import RewardSettings
 from r3rag.stages.common import Context, resolve_inputs, set_threads
-from r3rag.training import device_flags, load_protocol_dict, save_policy
+from r3rag.training import LoraSettings, load_protocol_dict, save_policy
 
 INPUTS = {"policy": "sft", "world": "world", "index": "index"}
 
 
 @dataclass
 class Config:
+    UNHASHED = ("resume", "report_to", "threads")  # how to run, not what is trained
+
     name: str = "default"
     policy: str = "sft:latest"
-    world: str = "world:latest"
+    model: str = ""  # start from this transformers model (id or path) instead of a policy artifact
+    template: str = "search-r1"  # the prompt template when starting from `model`
+    doc_style: str = "search-r1"
+    max_doc_chars: int | None = None  # document truncation (characters); None = as the policy was trained
+    world: str = "world:latest"  # the questions: world/<split>.jsonl
     index: str = "index:latest"
     retriever: str = ""  # a retrieval server URL (http://...) to search instead of the index
     split: str = "train"
     limit: int = 0
-    steps: int = 20
-    prompts_per_step: int = 8
-    num_generations: int = 8
+    # GRPO
+    steps: int = 20  # optimizer steps
+    prompts_per_step: int = 8  # questions per optimizer step, over all processes
+    num_generations: int = 8  # group size
+    steps_per_generation: int = 1  # optimizer steps per rollout batch
+    num_iterations: int = 1  # passes over each rollout batch (mu)
+    grad_accum: int = 1
     lr: float = 1e-5
-    beta: float = 0.0
-    loss_type: str = "dapo"
+    lr_scheduler: str = "constant"
+    warmup_ratio: float = 0.0
+    weight_decay: float = 0.0
+    max_grad_norm: float = 1.0
+    beta: float = 0.0  # KL coefficient (0: no reference model)
+    loss_type: str = "dapo"  # TRL: grpo, dapo, dr_grpo, bnpo...
+    scale_rewards: str = "group"  # group, batch or none
+    epsilon: float = 0.2
+    # rollouts
     temperature: float = 1.0
-    rewards: dict = field(default_factory=lambda: {"em": 1.0, "format": 0.0})
-    top_k: int = 3
+    top_p: float = 1.0
+    top_k: int = 3  # documents per search
     max_turns: int = 6
-    max_new_tokens: int = 48
-    max_completion_tokens: int = 512
+    max_new_tokens: int = 48  # token budget per model turn
+    max_completion_tokens: int = 512  # token budget per trajectory (model + documents)
     gen_batch_size: int = 64
+    vllm: str = ""  # "" (transformers), colocate or server (TRL's vLLM integration)
+    vllm_server_url: str = ""
+    vllm_gpu_memory: float = 0.3
+    # rewards
+    rewards: dict = field(default_factory=lambda: {"em": 1.0, "format": 0.0})  # component -> weight
+    reward: RewardSettings = field(default_factory=RewardSettings)
+    # model
+    lora: bool = False
+    lora_settings: LoraSettings = field(default_factory=LoraSettings)
     bf16: bool | str = "auto"  # true, false or auto (bf16 where supported)
+    gradient_checkpointing: bool = False
+    # observe and resume
+    save_steps: int = 10  # checkpoint every N steps (0 = never)
+    keep_checkpoints: int = 2
+    resume: bool = False
+    report_to: list[str] = field(default_factory=list)  # tensorboard, wandb...
+    rollout_samples: int = 4  # trajectories saved per step and process to rollouts.jsonl
     threads: int = 0
     seed: int = 0
 
 
 def run(cfg: Config, ctx: Context):
-    remote = is_url(cfg.retriever)  # the index is then not used at all
-    inputs = resolve_inputs(cfg, {k: v for k, v in INPUTS.items() if not (remote and k == "index")}, ctx)
+    from accelerate import PartialState
+
+    skip = {"index"} if is_url(cfg.retriever) else set()
+    skip |= {"policy"} if cfg.model else set()
+    inputs = resolve_inputs(cfg, {k: v for k, v in INPUTS.items() if k not in skip}, ctx)
     writer = ctx.writer("rl", cfg, inputs, INPUTS)
     if writer.existing:
         return ctx.skipped(writer)
     set_threads(cfg.threads)
-    from r3rag.modeling import load_policy
+    from r3rag.grpo import check_vllm
 
-    model, tokenizer = load_policy(inputs["policy"].path)
-    protocol_dict = load_protocol_dict(inputs["policy"].path)
-    questions = read_jsonl(inputs["world"].path / f"{cfg.split}.jsonl", required=("id", "question", "golden_answers"))
-    questions = questions[: cfg.limit] if cfg.limit else questions
-    retriever = open_retriever(cfg.retriever, inputs.get("index"))
+    check_vllm(cfg.vllm)
+    state = PartialState()  # one process, or one of `accelerate launch`'s
+    work = writer.final.parent / f".work-{writer.id}"
+    resume_from = _prepare_work(work, cfg.resume, state)
+    model, tokenizer, protocol_dict, base = _start(cfg, inputs)
+    questions = _questions(cfg, inputs)
+    t0 = time.time()
+    trainer = _trainer(cfg, model, tokenizer, protocol_dict, questions, inputs, work, state.process_index)
+    trainer.train(resume_from_checkpoint=resume_from)
+    trainer.save_model(str(work / "final"))  # on every rank: gathers ZeRO-3 / FSDP shards
+    if not state.is_main_process:
+        state.wait_for_everyone()  # the main process publishes
+        return ArtifactRef("rl", writer.id, writer.final, load_manifest(writer.final) or {})
     with writer:
-        t0 = time.time()
-        trainer = build_trainer(model, tokenizer, questions, retriever, Protocol(**protocol_dict), cfg,
-                                writer.dir / "checkpoints")
-        trainer.train()
-        save_policy(trainer.model, tokenizer, writer.dir, protocol_dict, str(inputs["policy"].path))
-        import shutil
-
-        shutil.rmtree(writer.dir / "checkpoints", ignore_errors=True)
-        writer.metrics.update(summarize_log(trainer.state.log_history))
-        writer.metrics["train_seconds"] = round(time.time() - t0, 1)
+        _publish(work, writer.dir, tokenizer, protocol_dict, base, cfg)
+        writer.metrics.update(summarize(read_jsonl(writer.dir / "metrics.jsonl", allow_empty=True)))
+        writer.metrics.update({"train_seconds": round(time.time() - t0, 1), "processes": state.num_processes,
+                               "resumed_from_step": _step_of(resume_from)})
+    shutil.rmtree(work, ignore_errors=True)
+    state.wait_for_everyone()
     return ctx.done(writer)
 
 
-def make_rollout_func(questions: list[dict], retriever, protocol: Protocol, tokenizer, cfg: Config):
-    """TRL rollout_func: one multi-turn trajectory per prompt it is given, with env_mask."""
-    from trl.models.utils import unwrap_model_for_generation
+def _prepare_work(work: Path, resume: bool, state) -> str | None:
+    """The run's working directory (checkpoints, logs), kept across kills for --resume."""
+    from transformers.trainer_utils import get_last_checkpoint
 
-    from r3rag.generation.hf import HFGenerator
+    from r3rag.observe import truncate_after
 
-    by_prompt = {protocol.prompt(q["question"]): q for q in questions}
-    env_cfg = EnvConfig(top_k=cfg.top_k, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
-                        max_completion_tokens=cfg.max_completion_tokens)
-
-    def rollout_func(prompts: list[str], trainer) -> dict:
-        examples = [by_prompt[p] for p in prompts]
-        with unwrap_model_for_generation(trainer.model_wrapped, trainer.accelerator) as model:
-            gen = HFGenerator(model, tokenizer, batch_size=cfg.gen_batch_size, temperature=cfg.temperature)
-            trajs = run_rollouts(examples, gen, retriever, protocol, env_cfg, tokenizer)
-        return rollout_batch(trajs, tokenizer.eos_token_id, cfg.max_completion_tokens)
-
-    return rollout_func
-
-
-def rollout_batch(trajs, eos_id: int, max_completion_tokens: int) -> dict:
-    """TRL's rollout dict. EOS is appended (as a model token) so TRL does not count a
-    finished trajectory as truncated; the budget is enforced here, EOS kept last."""
-    completion_ids, env_mask = [], []
-    for t in trajs:
-        ids, mask = t.completion()
-        ids, mask = ids[: max_completion_tokens - 1] + [eos_id], mask[: max_completion_tokens - 1] + [1]
-        completion_ids.append(ids)
-        env_mask.append(mask)
-    return {
-        "prompt_ids": [t.prompt_ids for t in trajs], "completion_ids": completion_ids, "logprobs": None,
-        "env_mask": env_mask, "pred_answer": [t.answer for t in trajs],
-        "finish_reason": [t.finish_reason for t in trajs], "num_searches": [len(t.retrieved) for t in trajs],
-    }
+    ckpts = work / "checkpoints"
+    last = get_last_checkpoint(str(ckpts)) if ckpts.is_dir() else None
+    if resume and last is None:
+        raise UserError(f"rl --resume: no checkpoint in {ckpts} (nothing to resume; run without --resume, "
+                        "with the same settings as the killed run)")
+    if state.is_main_process:
+        if not resume:
+            shutil.rmtree(work, ignore_errors=True)
+        work.mkdir(parents=True, exist_ok=True)
+        if last is not None:  # steps after the checkpoint are run (and logged) again
+            for path in [work / "metrics.jsonl", *work.glob("rollouts.rank*.jsonl")]:
+                truncate_after(path, _step_of(last))
+    state.wait_for_everyone()
+    return last if resume else None
 
 
-def build_trainer(model, tokenizer, questions, retriever, protocol: Protocol, cfg: Config, out_dir):
-    from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
-
-    from r3rag.rewards import trl_reward_funcs
-
-    ds = Dataset.from_dict({
-        "prompt": [protocol.prompt(q["question"]) for q in questions],
-        "golden_answers": [q["golden_answers"] for q in questions],
-    })
-    funcs, weights = trl_reward_funcs(cfg.rewards)
-    args = GRPOConfig(
-        output_dir=str(out_dir), max_steps=cfg.steps, per_device_train_batch_size=cfg.prompts_per_step * cfg.num_generations,
-        num_generations=cfg.num_generations, learning_rate=cfg.lr, beta=cfg.beta, loss_type=cfg.loss_type,
-        temperature=cfg.temperature, max_completion_length=cfg.max_completion_tokens, reward_weights=weights,
-        logging_steps=1, save_strategy="no", report_to=[], seed=cfg.seed, activation_checkpointing=False,
-        lr_scheduler_type="constant", disable_tqdm=False, **device_flags(cfg.bf16),
-    )
-    return GRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=ds, processing_class=tokenizer,
-                       rollout_func=make_rollout_func(questions, retriever, protocol, tokenizer, cfg))
+def _step_of(checkpoint: str | None) -> int:
+    return int(Path(checkpoint).name.rsplit("-", 1)[1]) if checkpoint else 0
 
 
-def summarize_log(history: list[dict]) -> dict:
-    steps = [h for h in history if "reward" in h]
-    if not steps:
+def _start(cfg: Config, inputs):
+    """The starting policy: an SFT artifact (protocol from its policy.json) or a model id/path."""
+    from r3rag.modeling import load_model, load_policy, load_tokenizer
+
+    if cfg.model:
+        model, tokenizer = load_model(cfg.model), load_tokenizer(cfg.model)
+        protocol_dict = {"name": "search-r1", "template": cfg.template, "doc_style": cfg.doc_style}
+        base = cfg.model
+    else:
+        model, tokenizer = load_policy(inputs["policy"].path)
+        protocol_dict = load_protocol_dict(inputs["policy"].path)
+        base = str(inputs["policy"].path)
+    if cfg.max_doc_chars is not None:
+        protocol_dict = {**protocol_dict, "max_doc_chars": cfg.max_doc_chars}
+    Protocol(**protocol_dict)  # fails early on a bad template / doc style
+    if cfg.lora:
+        from r3rag.training import apply_lora
+
+        model = apply_lora(model, cfg.lora_settings)
+    return model, tokenizer, protocol_dict, base
+
+
+def _questions(cfg: Config, inputs) -> list[dict]:
+    questions = read_jsonl(inputs["world"].path / f"{cfg.split}.jsonl", required=("id", "question", "golden_answers"))
+    return questions[: cfg.limit] if cfg.limit else questions
+
+
+def _trainer(cfg, model, tokenizer, protocol_dict, questions, inputs, work: Path, rank: int):
+    from r3rag.grpo import build_trainer
+    from r3rag.observe import MetricsLog, RolloutSampler
+    from r3rag.rewards import RewardScorer
+
+    protocol = Protocol(**protocol_dict)
+    scorer = RewardScorer(cfg.rewards, cfg.reward, protocol)
+    retriever = open_retriever(cfg.retriever, inputs.get("index"))
+    sampler = RolloutSampler(work / f"rollouts.rank{rank}.jsonl", cfg.rollout_samples, rank)
+    return build_trainer(model, tokenizer, questions, retriever, protocol, scorer, cfg, work,
+                         callbacks=[MetricsLog(work / "metrics.jsonl")], sampler=sampler)
+
+
+def _publish(work: Path, out: Path, tokenizer, protocol_dict: dict, base: str, cfg: Config) -> None:
+    """Policy (LoRA merged), metrics.jsonl, rollouts.jsonl and reward_curves.png into the artifact."""
+    from r3rag.modeling import load_model
+    from r3rag.observe import merge_rollouts, plot_rewards
+
+    final = work / "final"
+    if (final / "adapter_config.json").exists():
+        from peft import PeftModel
+
+        start = cfg.model or str(Path(base) / "model")
+        model = PeftModel.from_pretrained(load_model(start, dtype="float32"), str(final))
+    else:
+        model = load_model(final, dtype="float32")
+    save_policy(model, tokenizer, out, protocol_dict, base)
+    metrics = work / "metrics.jsonl"
+    shutil.copy(metrics, out / "metrics.jsonl") if metrics.exists() else (out / "metrics.jsonl").touch()
+    merge_rollouts(sorted(work.glob("rollouts.rank*.jsonl")), out / "rollouts.jsonl")
+    plot_rewards(out / "metrics.jsonl", out / "reward_curves.png")
+    if cfg.report_to and (work / "checkpoints" / "runs").is_dir():  # TensorBoard event files
+        shutil.copytree(work / "checkpoints" / "runs", out / "tensorboard")
+
+
+def summarize(rows: list[dict]) -> dict:
+    """First and last step of the main curves, and their means over the run."""
+    if not rows:
         return {}
-    first, last = steps[0], steps[-1]
-    keys = [k for k in last if k.startswith("rewards/") or k in ("reward", "frac_reward_zero_std")]
-    return {"steps": len(steps), **{f"first_{k}": round(first.get(k, 0.0), 4) for k in keys},
-            **{f"last_{k}": round(last[k], 4) for k in keys},
-            "mean_reward": round(sum(h["reward"] for h in steps) / len(steps), 4)}
+    keys = [k for k in rows[-1] if k == "reward" or k.startswith(("rewards/", "rollout/"))
+            and not k.endswith("/std")] + [k for k in ("kl", "entropy") if k in rows[-1]]
+    out = {"steps": rows[-1]["step"]}
+    for k in keys:
+        vals = [r[k] for r in rows if r.get(k) is not None]
+        if vals:
+            out.update({f"first_{k}": round(vals[0], 4), f"last_{k}": round(vals[-1], 4),
+                        f"mean_{k}": round(sum(vals) / len(vals), 4)})
+    return out

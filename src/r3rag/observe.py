@@ -1,0 +1,102 @@
+"""Watching an RL run: per-step metrics.jsonl, a sample of rollouts, step timings, reward curves.
+
+- `MetricsLog` (a TrainerCallback, main process): one JSON line per logged step with
+  everything TRL logs (reward, `rewards/<component>/mean`, KL, entropy, model-token
+  lengths...) plus rollout statistics and `time/step` and `time/optimizer` (seconds in
+  optimizer.step).
+- `RolloutSampler`: the first N trajectories of each step, per process, as JSONL.
+- `truncate_after(path, step)`: on resume, drop lines logged after the checkpoint.
+- `plot_rewards(metrics.jsonl, png)`: reward and each component against the step.
+
+Usage:
+    trainer = build_trainer(..., callbacks=[MetricsLog(work / "metrics.jsonl")],
+                            sampler=RolloutSampler(work / "rollouts.rank0.jsonl", 4, rank=0))
+    plot_rewards(work / "metrics.jsonl", out / "reward_curves.png")
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from r3rag.jsonl import read_jsonl
+
+
+class MetricsLog(TrainerCallback):
+    def __init__(self, path: Path):
+        self.path = Path(path)
+        self._step_start = self._opt_start = 0.0
+        self._step = self._opt = 0.0
+
+    def on_step_begin(self, args, state, control, **kw):
+        self._step_start, self._opt = time.perf_counter(), 0.0
+
+    def on_pre_optimizer_step(self, args, state, control, **kw):
+        self._opt_start = time.perf_counter()
+
+    def on_optimizer_step(self, args, state, control, **kw):
+        self._opt += time.perf_counter() - self._opt_start
+
+    def on_step_end(self, args, state, control, **kw):
+        self._step = time.perf_counter() - self._step_start
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        if not state.is_world_process_zero or not logs or "reward" not in logs:
+            return
+        row = {"step": state.global_step, **logs, "time/step": round(self._step, 4), "time/optimizer": round(self._opt, 4)}
+        with self.path.open("a") as f:
+            f.write(json.dumps(row) + "\n")
+
+
+class RolloutSampler:
+    def __init__(self, path: Path, per_step: int, rank: int = 0):
+        self.path, self.per_step, self.rank = Path(path), per_step, rank
+
+    def add(self, step: int, trajs, examples: list[dict], scores: list[dict]) -> None:
+        if self.per_step <= 0:
+            return
+        with self.path.open("a") as f:
+            for t, ex, s in list(zip(trajs, examples, scores))[: self.per_step]:
+                row = {"step": step, "rank": self.rank, "golden_answers": ex["golden_answers"], "scores": s,
+                       **t.to_json()}
+                f.write(json.dumps(row) + "\n")
+
+
+def truncate_after(path: Path, step: int) -> None:
+    """Keep the lines of steps <= `step` (those a resumed run will not log again)."""
+    if path.exists():
+        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        path.write_text("".join(line + "\n" for line in kept))
+
+
+def merge_rollouts(paths: list[Path], out: Path) -> int:
+    rows = [r for p in paths for r in read_jsonl(p, allow_empty=True)]
+    rows.sort(key=lambda r: (r["step"], r["rank"]))
+    out.write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return len(rows)
+
+
+def plot_rewards(metrics_path: Path, png: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = read_jsonl(metrics_path, allow_empty=True) if metrics_path.exists() else []
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=110)
+    steps = [r["step"] for r in rows]
+    ax.plot(steps, [r["reward"] for r in rows], label="reward (weighted sum)", linewidth=2.2, color="black")
+    names = sorted({k for r in rows for k in r if k.startswith("rewards/") and k.endswith("/mean")})
+    for k in names:
+        ax.plot(steps, [r.get(k) for r in rows], label=k.split("/")[1], linewidth=1.2, alpha=0.85)
+    ax.set_xlabel("step")
+    ax.set_ylabel("mean over the step's rollouts")
+    ax.set_title("GRPO reward curves")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8, loc="best")
+    fig.tight_layout()
+    fig.savefig(png)
+    plt.close(fig)
