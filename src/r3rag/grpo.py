@@ -55,7 +55,7 @@ def rollout_batch(trajs: list[Trajectory], eos_id: int, max_completion_tokens: i
 def make_rollout_func(questions: list[dict], retriever, protocol: Protocol, tokenizer, scorer, cfg, sampler=None):
     """TRL rollout_func: one multi-turn trajectory per prompt it is given (prompts arrive
     repeated num_generations times), scored by every reward component."""
-    by_prompt = {protocol.prompt(q["question"]): q for q in questions}
+    by_prompt = {protocol.context_prompt(q["question"], tokenizer): q for q in questions}
     env_cfg = EnvConfig(top_k=cfg.top_k, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
                         max_completion_tokens=cfg.max_completion_tokens)
 
@@ -151,7 +151,7 @@ def build_trainer(model, tokenizer, questions, retriever, protocol: Protocol, sc
         seed=cfg.seed, activation_checkpointing=cfg.gradient_checkpointing,
         disable_tqdm=False, ddp_find_unused_parameters=False, **vllm, **device_flags(cfg.bf16),
     )
-    ds = Dataset.from_dict({"prompt": [protocol.prompt(q["question"]) for q in questions]})
+    ds = Dataset.from_dict({"prompt": [protocol.context_prompt(q["question"], tokenizer) for q in questions]})
     rollout = make_rollout_func(questions, retriever, protocol, tokenizer, scorer, cfg, sampler)
     return GRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=ds, processing_class=tokenizer,
                        rollout_func=rollout, callbacks=list(callbacks))

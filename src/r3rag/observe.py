@@ -66,10 +66,18 @@ class RolloutSampler:
 
 
 def truncate_after(path: Path, step: int) -> None:
-    """Keep the lines of steps <= `step` (those a resumed run will not log again)."""
+    """Keep the lines of steps <= `step` (those a resumed run will not log again), and drop a
+    line a kill cut short."""
     if path.exists():
-        kept = [line for line in path.read_text().splitlines() if line and json.loads(line)["step"] <= step]
+        kept = [line for line in path.read_text().splitlines() if _step(line) <= step]
         path.write_text("".join(line + "\n" for line in kept))
+
+
+def _step(line: str) -> float:
+    try:
+        return json.loads(line)["step"]
+    except (json.JSONDecodeError, KeyError, TypeError):
+        return float("inf")
 
 
 def merge_rollouts(paths: list[Path], out: Path) -> int:

@@ -5,8 +5,10 @@
   (needs `metadata.supporting_docs` or `supporting_titles` on the questions).
 - `embedding`: max over the step's documents of cos(question, document), clipped at 0, with
   a Hugging Face encoder (default: the packaged all-MiniLM-L6-v2, offline).
-- `judge`: an LLM judge over an OpenAI-compatible endpoint scores question, step and
-  documents (R3-RAG's `calculate_doc_score`).
+- `judge`: an LLM judge over an OpenAI-compatible endpoint scores question, step and the
+  first `doc_chars` characters of each document, replying `Relevance: x.xx` (R3-RAG's
+  `calculate_doc_score`, clamped to [0, 1]). A failed request (after the client's retries)
+  or a reply without a score raises `JudgeError`: never a silent 0.
 
 Usage:
     rel = make_relevance(RewardSettings(relevance="embedding"))
@@ -15,28 +17,48 @@ Usage:
 
 from __future__ import annotations
 
+import re
+
 import numpy as np
 
 from r3rag.env import Trajectory
+from r3rag.judge import JudgeError
+
+RELEVANCE_PROMPT = (
+    "You are judging a retrieval step of a system that answers a question by searching step by step.\n"
+    "Question: {question}\n"
+    "The step (its reasoning and search query): {step}\n"
+    "Retrieved documents:\n{docs}\n"
+    "How relevant and useful are these documents for answering the question, given the step? Score 0 if they "
+    "are irrelevant or the step's reasoning is illogical or contradicts them; a score of 0.6 or more passes. "
+    "Explain briefly, then end with exactly one line: `Relevance: x.xx` (a number between 0 and 1)."
+)
+_SCORE = re.compile(r"relevance\s*:\s*\**\s*([01](?:\.\d+)?|\.\d+)", re.I)
 
 
-def make_relevance(settings, judge=None):
+def parse_relevance(reply: str) -> float | None:
+    """The last `Relevance: x.xx` in the reply, clamped to [0, 1]; None when there is none."""
+    found = _SCORE.findall(reply)
+    return min(1.0, max(0.0, float(found[-1]))) if found else None
+
+
+def make_relevance(settings, client=None):
     match settings.relevance:
         case "gold":
             from r3rag.rewards import gold_relevance
 
             return lambda trajs, examples: [gold_relevance(t, ex) for t, ex in zip(trajs, examples)]
         case "embedding":
-            return EmbeddingRelevance(settings.encoder, settings.judge.max_doc_chars)
+            return EmbeddingRelevance(settings.encoder, settings.doc_chars)
         case "judge":
-            return JudgeRelevance(judge())
+            return JudgeRelevance(client(), settings.doc_chars)
 
 
 class EmbeddingRelevance:
-    def __init__(self, encoder: str = "", max_doc_chars: int = 512, batch_size: int = 64):
+    def __init__(self, encoder: str = "", doc_chars: int = 512, batch_size: int = 64):
         from r3rag.retrieval.dense import Encoder
 
-        self.encoder, self.max_doc_chars, self.batch_size = Encoder(encoder), max_doc_chars, batch_size
+        self.encoder, self.doc_chars, self.batch_size = Encoder(encoder), doc_chars, batch_size
 
     def __call__(self, trajs: list[Trajectory], examples: list[dict]) -> list[list[float]]:
         # Every distinct text is embedded once per batch (a group shares its question and many documents).
@@ -52,23 +74,36 @@ class EmbeddingRelevance:
         return out
 
     def _doc(self, d: dict) -> str:
-        return f"{d['title']} {d['text']}"[: self.max_doc_chars or None]
+        return f"{d['title']} {d['text']}"[: self.doc_chars or None]
 
 
 class JudgeRelevance:
-    def __init__(self, judge):
-        self.judge = judge
+    def __init__(self, client, doc_chars: int = 512):
+        self.client, self.doc_chars = client, doc_chars
+        self.calls = 0
 
     def __call__(self, trajs: list[Trajectory], examples: list[dict]) -> list[list[float]]:
-        items, owners = [], []
+        asks, owners = [], []
         for i, t in enumerate(trajs):
             model_turns = [x.text for x in t.turns if x.role == "model"]
             search_turns = [txt for txt, s in zip(model_turns, t.steps) if s["kind"] == "search"]
             for step_text, docs in zip(search_turns, t.documents):  # the last search may have no documents
-                items.append((t.question, step_text, docs))
+                asks.append([{"role": "user", "content": self.prompt(t.question, step_text, docs)}])
                 owners.append(i)
-        scores = self.judge.relevance(items) if items else []
+        results = self.client.chat_many(asks, temperature=0.0) if asks else []
+        self.calls += len(asks)
         out: list[list[float]] = [[] for _ in trajs]
-        for i, s in zip(owners, scores):
-            out[i].append(s)
+        for i, r in zip(owners, results):
+            if not r.ok:
+                raise JudgeError(f"relevance judge endpoint {self.client.url}: {r.kind}: {r.error}")
+            score = parse_relevance(r.text)
+            if score is None:
+                raise JudgeError(f"relevance judge endpoint {self.client.url}: no 'Relevance: x.xx' in the reply "
+                                 f"{r.text[-200:]!r}")
+            out[i].append(score)
         return out
+
+    def prompt(self, question: str, step: str, docs: list[dict]) -> str:
+        text = "\n".join(f"Doc {j}(Title: {d['title']}) {d['text'][: self.doc_chars or None]}"
+                         for j, d in enumerate(docs, start=1))
+        return RELEVANCE_PROMPT.format(question=question, step=step.strip(), docs=text)

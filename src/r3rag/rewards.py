@@ -49,6 +49,7 @@ from dataclasses import dataclass, field
 
 from r3rag.env import Trajectory
 from r3rag.errors import UserError
+from r3rag.judge import JudgeSpec
 from r3rag.metrics import cover_match, exact_match, f1_score, normalize_answer
 from r3rag.protocol import Protocol
 
@@ -75,21 +76,11 @@ class SearchR1Format:
 
 
 @dataclass
-class JudgeSettings:
-    url: str = ""  # OpenAI-compatible base URL, e.g. http://127.0.0.1:8002/v1
-    model: str = ""
-    api_key_env: str = ""  # name of the environment variable holding the key ("" = none)
-    max_doc_chars: int = 512  # R3-RAG shows the judge the first 512 characters of each document
-    retries: int = 3
-    timeout: float = 60.0
-    concurrency: int = 8
-
-
-@dataclass
 class RewardSettings:
     relevance: str = "gold"  # gold, embedding or judge
     encoder: str = ""  # embedding relevance encoder ("" = the packaged all-MiniLM-L6-v2)
-    judge: JudgeSettings = field(default_factory=JudgeSettings)
+    judge: JudgeSpec = field(default_factory=JudgeSpec)  # the LLM judge's endpoint (judge, relevance=judge)
+    doc_chars: int = 512  # characters of each document the relevance judge / encoder sees (R3-RAG: 512)
     r3rag: R3ragWeights = field(default_factory=R3ragWeights)
     search_r1_format: SearchR1Format = field(default_factory=SearchR1Format)
 
@@ -167,7 +158,7 @@ class RewardScorer:
         self.names = [*ALWAYS, *(k for k in self.weights if k not in ALWAYS)]
         self.settings, self.protocol = settings, protocol
         self._relevance = None
-        self._judge = None
+        self._client = None
 
     def score(self, trajs: list[Trajectory], examples: list[dict]) -> list[dict[str, float]]:
         needs_rel = "relevance" in self.names or "r3rag" in self.names
@@ -194,15 +185,21 @@ class RewardScorer:
         if self._relevance is None:
             from r3rag.relevance import make_relevance
 
-            self._relevance = make_relevance(self.settings, self.judge if self.settings.relevance == "judge" else None)
+            self._relevance = make_relevance(self.settings, self.client)
         return self._relevance
 
-    def judge(self):
-        if self._judge is None:
-            from r3rag.judge import Judge
+    def client(self):
+        """One chat client (connections, concurrency) for the answer and the relevance judge."""
+        if self._client is None:
+            from r3rag.llm.openai_client import ChatClient
 
-            self._judge = Judge(self.settings.judge)
-        return self._judge
+            spec = self.settings.judge
+            if not spec.endpoint or not spec.model:
+                raise UserError("rl.reward.judge: set endpoint and model (an OpenAI-compatible server) "
+                                "for the judge reward or relevance=judge")
+            self._client = ChatClient(spec.endpoint, spec.model, api_key_env=spec.api_key_env,
+                                      concurrency=spec.concurrency)
+        return self._client
 
     def _verdicts(self, trajs: list[Trajectory], examples: list[dict]) -> list[float]:
         """Outcome per trajectory by string match, then the LLM judge (only when a component needs it)."""
@@ -210,13 +207,11 @@ class RewardScorer:
         out = [exact_match_reward(t, ex) for t, ex in zip(trajs, examples)]
         if not wanted:
             return out
-        ask = [i for i, t in enumerate(trajs) if t.answer is not None and not out[i]]
-        if ask:
-            answers = self.judge().correct([(trajs[i].question, trajs[i].answer, examples[i]["golden_answers"])
-                                            for i in ask])
-            for i, ok in zip(ask, answers):
-                out[i] = float(ok)
-        return out
+        from r3rag.judge import AnswerJudge
+
+        verdicts = AnswerJudge(self.client()).judge_many(  # string match first, then the LLM
+            [(t.question, ex["golden_answers"], t.answer) for t, ex in zip(trajs, examples)])
+        return [float(v) for v in verdicts]
 
 
 def check_settings(weights: dict, settings: RewardSettings) -> None:

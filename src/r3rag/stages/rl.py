@@ -35,10 +35,10 @@ from r3rag.jsonl import read_jsonl
 from r3rag.protocol import Protocol
 from r3rag.retrieval import is_url, open_retriever
 from r3rag.rewards import RewardSettings
-from r3rag.stages.common import Context, resolve_inputs, set_threads
+from r3rag.stages.common import FILE, Context, load_questions, resolve_inputs, set_threads
 from r3rag.training import LoraSettings, load_protocol_dict, save_policy
 
-INPUTS = {"policy": "sft", "world": "world", "index": "index"}
+INPUTS = {"policy": "sft", "world": "world", "index": "index", "questions": FILE}
 
 
 @dataclass
@@ -48,10 +48,12 @@ class Config:
     name: str = "default"
     policy: str = "sft:latest"
     model: str = ""  # start from this transformers model (id or path) instead of a policy artifact
-    template: str = "search-r1"  # the prompt template when starting from `model`
-    doc_style: str = "search-r1"
+    template: str = "search-r1"  # the protocol when starting from `model`: prompt template,
+    doc_style: str = "search-r1"  # document rendering,
+    chat: bool = False  # and the tokenizer's chat template around the prompt (instruct models)
     max_doc_chars: int | None = None  # document truncation (characters); None = as the policy was trained
-    world: str = "world:latest"  # the questions: world/<split>.jsonl
+    world: str = "world:latest"  # the questions: world/<split>.jsonl, or...
+    questions: str = ""  # ...a question JSONL file (what `r3rag import` writes)
     index: str = "index:latest"
     retriever: str = ""  # a retrieval server URL (http://...) to search instead of the index
     split: str = "train"
@@ -106,6 +108,7 @@ def run(cfg: Config, ctx: Context):
 
     skip = {"index"} if is_url(cfg.retriever) else set()
     skip |= {"policy"} if cfg.model else set()
+    skip |= {"world"} if cfg.questions else set()
     inputs = resolve_inputs(cfg, {k: v for k, v in INPUTS.items() if k not in skip}, ctx)
     writer = ctx.writer("rl", cfg, inputs, INPUTS)
     if writer.existing:
@@ -138,12 +141,10 @@ def run(cfg: Config, ctx: Context):
 
 def _prepare_work(work: Path, resume: bool, state) -> str | None:
     """The run's working directory (checkpoints, logs), kept across kills for --resume."""
-    from transformers.trainer_utils import get_last_checkpoint
-
     from r3rag.observe import truncate_after
 
     ckpts = work / "checkpoints"
-    last = get_last_checkpoint(str(ckpts)) if ckpts.is_dir() else None
+    last = _last_complete_checkpoint(ckpts)
     if resume and last is None:
         raise UserError(f"rl --resume: no checkpoint in {ckpts} (nothing to resume; run without --resume, "
                         "with the same settings as the killed run)")
@@ -151,11 +152,21 @@ def _prepare_work(work: Path, resume: bool, state) -> str | None:
         if not resume:
             shutil.rmtree(work, ignore_errors=True)
         work.mkdir(parents=True, exist_ok=True)
-        if last is not None:  # steps after the checkpoint are run (and logged) again
+        if resume:  # steps after the checkpoint are run (and logged) again
+            for p in ckpts.glob("checkpoint-*"):
+                if _step_of(str(p)) > _step_of(last):  # incomplete, or never to be reached again
+                    shutil.rmtree(p)
             for path in [work / "metrics.jsonl", *work.glob("rollouts.rank*.jsonl")]:
                 truncate_after(path, _step_of(last))
     state.wait_for_everyone()
     return last if resume else None
+
+
+def _last_complete_checkpoint(ckpts: Path) -> str | None:
+    """The newest checkpoint-N with its trainer_state.json (the Trainer writes it last: a kill
+    during a save leaves a directory without it, which is skipped)."""
+    done = [p for p in ckpts.glob("checkpoint-*") if (p / "trainer_state.json").is_file()]
+    return str(max(done, key=lambda p: _step_of(str(p)))) if done else None
 
 
 def _step_of(checkpoint: str | None) -> int:
@@ -168,7 +179,7 @@ def _start(cfg: Config, inputs):
 
     if cfg.model:
         model, tokenizer = load_model(cfg.model), load_tokenizer(cfg.model)
-        protocol_dict = {"name": "search-r1", "template": cfg.template, "doc_style": cfg.doc_style}
+        protocol_dict = {"name": "search-r1", "template": cfg.template, "doc_style": cfg.doc_style, "chat": cfg.chat}
         base = cfg.model
     else:
         model, tokenizer = load_policy(inputs["policy"].path)
@@ -185,6 +196,8 @@ def _start(cfg: Config, inputs):
 
 
 def _questions(cfg: Config, inputs) -> list[dict]:
+    if "questions" in inputs:
+        return load_questions(inputs["questions"].path, limit=cfg.limit)
     questions = read_jsonl(inputs["world"].path / f"{cfg.split}.jsonl", required=("id", "question", "golden_answers"))
     return questions[: cfg.limit] if cfg.limit else questions
 

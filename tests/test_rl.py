@@ -1,0 +1,214 @@
+"""GRPO: retrieved tokens get exactly zero gradient, EOS handling, the rl stage's outputs,
+resume after a kill, recipe pipelines that parse, and a clear error for missing vLLM."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from r3rag.env import EnvConfig, run_rollouts
+from r3rag.generation.scripted import ScriptedGenerator
+from r3rag.grpo import rollout_batch
+from r3rag.modeling import tiny_model, train_word_tokenizer
+from r3rag.protocol import Protocol
+from r3rag.retrieval.bm25 import BM25Retriever
+from r3rag.training import completion_with_eos
+from tests.cli_helpers import assert_one_line_error, r3rag
+
+ROOT = Path(__file__).resolve().parents[1]
+DOCS = [{"id": "p1", "title": "Ava Smith", "text": "Ava Smith works for Zentro Labs ."},
+        {"id": "c1", "title": "Zentro Labs", "text": "Zentro Labs is headquartered in Velmar ."}]
+P = Protocol(template="minimal", doc_style="plain")
+Q = {"id": "q", "question": "Where is it ?", "golden_answers": ["Velmar"]}
+RIGHT = ["<search> Ava Smith works </search>", "<search> Zentro Labs headquartered </search>",
+         "<answer> Velmar </answer>"]
+LOST = ["<search> Ava Smith works </search>", "<search> Ava Smith </search>", "<search> Smith </search>"]
+
+
+def _rollouts(tok, script, max_turns=3):
+    gen = ScriptedGenerator(lambda t: script[t.model_turn_count()], tok)
+    return run_rollouts([Q], gen, BM25Retriever.build(DOCS), P, EnvConfig(top_k=1, max_turns=max_turns), tok)[0]
+
+
+def _tokenizer():
+    return train_word_tokenizer([d["text"] for d in DOCS] + ["Question : Where is it ?", "<eos>"])
+
+
+def test_eos_is_learned_after_an_answer_masked_otherwise_and_kept_under_a_budget():
+    tok = _tokenizer()
+    eos = tok.eos_token_id
+    right, lost = _rollouts(tok, RIGHT), _rollouts(tok, LOST)
+    assert right.finish_reason == "answer" and lost.finish_reason == "max_turns"
+    batch = rollout_batch([right, lost], eos, 512)
+    assert [ids[-1] for ids in batch["completion_ids"]] == [eos, eos]  # TRL never sees a "truncated" sample
+    assert [m[-1] for m in batch["env_mask"]] == [1, 0]  # no loss teaches stopping mid-search
+    ids, mask = completion_with_eos(right, eos, budget=10)
+    assert len(ids) == 10 and ids[-1] == eos and mask[-1] == 0
+    assert ids[:-1] == right.completion()[0][:9]
+
+
+def test_grpo_loss_gives_retrieved_tokens_exactly_zero_gradient(tmp_path):
+    """Through TRL's GRPOTrainer: the hidden state that predicts an environment token (or the
+    masked EOS of a trajectory without an answer) gets exactly zero gradient; model tokens do not."""
+    from r3rag.grpo import build_trainer
+    from r3rag.rewards import RewardScorer, RewardSettings
+    from r3rag.stages.rl import Config
+
+    tok = _tokenizer()
+    trajs = [_rollouts(tok, RIGHT), _rollouts(tok, LOST)]
+    scorer = RewardScorer({"em": 1.0}, RewardSettings(), P)
+    cfg = Config(steps=1, prompts_per_step=1, num_generations=2, bf16=False, save_steps=0, lr=1e-3)
+    model = tiny_model(tok, layers=1, hidden=32, heads=2, intermediate=64)
+    trainer = build_trainer(model, tok, [Q], None, P, scorer, cfg, tmp_path)
+    batch = rollout_batch(trajs, tok.eos_token_id, 512)
+    trainer.rollout_func = lambda prompts, tr: {**batch, "scores": scorer.score(trajs, [Q, Q]), "timing": {}}
+    captured = []
+
+    def keep_hidden(module, inputs, output):
+        if output.requires_grad:
+            output.retain_grad()
+            captured.append(output)
+
+    model.model.norm.register_forward_hook(keep_hidden)
+    seen_ids = []
+    model.register_forward_pre_hook(lambda m, args, kw: seen_ids.append(kw["input_ids"]), with_kwargs=True)
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer.train()
+    (hidden,) = captured
+    input_ids = seen_ids[-1]
+    n_prompt = len(trajs[0].prompt_ids)
+    grad = hidden.grad.abs().sum(-1)
+    for i, mask in enumerate(batch["env_mask"]):
+        # TRL shuffles the batch: find this trajectory's row by its token ids
+        ids = torch.tensor(trajs[i].prompt_ids + batch["completion_ids"][i])
+        (row,) = [r for r in range(len(input_ids)) if torch.equal(input_ids[r, : len(ids)], ids)]
+        g = grad[row, n_prompt - 1: n_prompt - 1 + len(mask)]  # hidden state n_prompt-1+j predicts token j
+        m = torch.tensor(mask, dtype=torch.bool)
+        assert torch.all(g[~m] == 0), i
+        assert torch.all(g[m] > 0), i
+        assert (~m).sum() > 10  # the documents really are in there
+        assert grad[row, : n_prompt - 1].sum() == 0 and grad[row, n_prompt - 1 + len(mask):].sum() == 0
+    assert any((a - b).abs().max() > 0 for a, b in zip(before, model.parameters()))
+
+
+def test_rl_stage_writes_metrics_rollouts_and_reward_curves(pipeline_runs):
+    from r3rag.jsonl import read_jsonl
+    from r3rag.pipeline import run_stage
+
+    runs, _ = pipeline_runs
+    ref = run_stage("rl", None, ["name=observe", "steps=2", "prompts_per_step=2", "num_generations=2", "bf16=false",
+                                 "max_turns=2", "max_new_tokens=12", "save_steps=1", "rollout_samples=1",
+                                 "rewards={em: 1.0, search_r1_format: 0.5, r3rag: 0.0}"], runs)
+    rows = read_jsonl(ref.path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in ("reward", "rewards/em/mean", "rewards/f1/mean", "rewards/cover/mean", "rewards/format/mean",
+                "rewards/search_r1_format/mean", "rewards/r3rag/mean", "rollout/searches", "rollout/finish_answer",
+                "completions/mean_length", "entropy", "time/step", "time/generation", "time/retrieval",
+                "time/optimizer"):
+        assert key in rows[0], key
+    assert 0 <= rows[0]["rollout/finish_answer"] <= 1 and rows[0]["time/step"] > rows[0]["time/generation"] > 0
+    rollouts = read_jsonl(ref.path / "rollouts.jsonl")
+    assert [r["step"] for r in rollouts] == [1, 2] and set(rollouts[0]["scores"]) >= {"em", "r3rag"}
+    assert (ref.path / "reward_curves.png").read_bytes()[:4] == b"\x89PNG"
+    assert ref.manifest["metrics"]["steps"] == 2 and "last_rewards/em/mean" in ref.manifest["metrics"]
+    assert not list((runs / "rl").glob(".work-*"))  # checkpoints removed once published
+
+
+def _rl_cmd(runs, *extra):
+    return [sys.executable, "-m", "r3rag.cli", "rl", "--runs-dir", str(runs), "--set", "name=killed",
+            "--set", "steps=12", "--set", "save_steps=2", "--set", "prompts_per_step=2", "--set", "num_generations=2",
+            "--set", "bf16=false", "--set", "max_turns=2", "--set", "max_new_tokens=12", "--set", "threads=1", *extra]
+
+
+@pytest.mark.slow
+def test_resume_after_a_kill_continues_from_the_last_checkpoint(pipeline_runs):
+    from r3rag.jsonl import read_jsonl
+
+    runs, _ = pipeline_runs
+    proc = subprocess.Popen(_rl_cmd(runs), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.time() + 120
+    while time.time() < deadline and not list((runs / "rl").glob(".work-*/checkpoints/checkpoint-4")):
+        time.sleep(0.05)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    (work,) = (runs / "rl").glob(".work-*")
+    complete = [p for p in (work / "checkpoints").glob("checkpoint-*") if (p / "trainer_state.json").exists()]
+    last = max(int(p.name.split("-")[1]) for p in complete)  # a kill during a save leaves one incomplete
+    assert 2 <= last < 12
+    out = subprocess.run(_rl_cmd(runs, "--resume"), capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-2000:]
+    art = Path(out.stdout.strip().splitlines()[-1])
+    manifest = json.loads((art / "manifest.json").read_text())
+    assert manifest["metrics"]["resumed_from_step"] == last
+    steps = [r["step"] for r in read_jsonl(art / "metrics.jsonl")]
+    assert steps == list(range(1, 13))  # the killed run's steps up to the checkpoint, then the rest once
+
+
+def test_resume_without_a_checkpoint_is_a_clear_error(pipeline_runs):
+    runs, _ = pipeline_runs
+    out = r3rag("rl", "--runs-dir", str(runs), "--set", "name=never-started", "--resume")
+    assert_one_line_error(out, "rl --resume: no checkpoint")
+
+
+def test_vllm_asked_for_but_missing_is_a_clear_error(pipeline_runs):
+    import importlib.util
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    runs, _ = pipeline_runs
+    out = r3rag("rl", "--runs-dir", str(runs), "--set", "vllm=colocate")
+    assert_one_line_error(out, "rl.vllm=colocate: vLLM is not installed")
+
+
+@pytest.mark.parametrize("name", ["search-r1-qwen2.5-3b.yaml", "r3rag-qwen2.5-7b.yaml", "demo.yaml"])
+def test_recipe_pipelines_parse_with_the_config_loader(name):
+    from r3rag.config import build_config
+    from r3rag.pipeline import _load_pipeline, _section, _stage_module
+    from r3rag.stages import STAGE_ORDER
+
+    path = ROOT / "pipelines" / name
+    data = _load_pipeline(path)
+    stages = data.get("stages") or [s for s in STAGE_ORDER if s in data]
+    configs = {s: build_config(_stage_module(s).Config, _section(data, s, path), where=f"{path}: {s}")
+               for s in stages}
+    assert "rl" in configs
+    if name != "demo.yaml":
+        rl = configs["rl"]
+        assert rl.lr <= 1e-6 and rl.beta > 0 and rl.num_generations in (4, 5) and rl.top_k in (2, 3)
+
+
+@pytest.mark.parametrize("name", ["cpu-2proc.yaml", "zero2.yaml", "zero3.yaml", "fsdp.yaml"])
+def test_accelerate_configs_are_valid_yaml(name):
+    import yaml
+
+    cfg = yaml.safe_load((ROOT / "pipelines" / "accelerate" / name).read_text())
+    assert cfg["num_processes"] >= 2 and cfg["distributed_type"] in ("MULTI_GPU", "DEEPSPEED", "FSDP")
+
+
+@pytest.mark.slow
+def test_two_processes_on_cpu_each_roll_out_their_share(pipeline_runs, tmp_path):
+    """accelerate launch --num_processes 2 on CPU (gloo): the run finishes, both ranks contribute rollouts."""
+    from r3rag.jsonl import read_jsonl
+
+    runs, _ = pipeline_runs
+    port = str(29500 + os.getpid() % 1000)
+    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
+           str(ROOT / "pipelines/accelerate/cpu-2proc.yaml"), "--main_process_port", port, "-m", "r3rag.cli", "rl",
+           "--runs-dir", str(runs), "--set", "name=two", "--set", "steps=2", "--set", "prompts_per_step=2",
+           "--set", "num_generations=2", "--set", "bf16=false", "--set", "max_turns=2", "--set", "max_new_tokens=12",
+           "--set", "threads=1", "--set", "rollout_samples=2"]
+    out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    art = Path(out.stdout.strip().splitlines()[-1])
+    manifest = json.loads((art / "manifest.json").read_text())
+    assert manifest["metrics"]["processes"] == 2
+    rollouts = read_jsonl(art / "rollouts.jsonl")
+    assert {r["rank"] for r in rollouts} == {0, 1}
+    assert {(r["step"], r["rank"]) for r in rollouts} == {(1, 0), (1, 1), (2, 0), (2, 1)}
+    assert [r["step"] for r in read_jsonl(art / "metrics.jsonl")] == [1, 2]
