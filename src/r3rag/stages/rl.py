@@ -117,7 +117,10 @@ def run(cfg: Config, ctx: Context):
     from r3rag.grpo import check_vllm
 
     check_vllm(cfg.vllm)
-    state = PartialState()  # one process, or one of `accelerate launch`'s
+    import torch
+
+    # One process, or one of `accelerate launch`'s; on CPU only cpu=True joins the gloo group.
+    state = PartialState(cpu=not torch.cuda.is_available())
     work = writer.final.parent / f".work-{writer.id}"
     resume_from = _prepare_work(work, cfg.resume, state)
     model, tokenizer, protocol_dict, base = _start(cfg, inputs)
