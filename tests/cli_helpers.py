@@ -17,3 +17,19 @@ def assert_one_line_error(out, *needles):
     assert "Traceback" not in out.stderr
     for n in needles:
         assert n in lines[0], lines[0]
+
+
+def r3rag_inprocess(*args):
+    """Run the CLI in this process (no interpreter start-up: for many small error cases). Returns a
+    CompletedProcess-like object; an exception that escaped the CLI becomes a traceback on stderr."""
+    import traceback
+
+    from typer.testing import CliRunner
+
+    from r3rag.cli import app
+
+    result = CliRunner().invoke(app, [str(a) for a in args])
+    stderr = result.stderr
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        stderr += "".join(traceback.format_exception(result.exception))
+    return subprocess.CompletedProcess(args, result.exit_code, result.stdout, stderr)

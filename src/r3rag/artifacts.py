@@ -21,6 +21,7 @@ import hashlib
 import json
 import os
 import platform
+import re
 import shutil
 import subprocess
 import time
@@ -86,10 +87,21 @@ def file_sha256(path: Path) -> str:
 
 
 def load_manifest(path: Path) -> dict | None:
+    """The manifest, or None when there is no complete one (missing, unreadable, not ours)."""
     try:
-        return json.loads((path / MANIFEST).read_text())
-    except (OSError, json.JSONDecodeError):
+        m = json.loads((path / MANIFEST).read_text(encoding="utf-8"))
+    except (OSError, ValueError):  # ValueError: malformed JSON or not UTF-8
         return None
+    ok = isinstance(m, dict) and isinstance(m.get("stage"), str) and isinstance(m.get("content_hash"), str)
+    return m if ok else None
+
+
+def check_name(name: str) -> str:
+    """Artifact names become directory names: no path separators, no hidden or huge names."""
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name or ""):
+        raise UserError(f"name {name[:80]!r}: must be 1-64 letters, digits, '.', '_' or '-', "
+                        "starting with a letter or digit")
+    return name
 
 
 def list_artifacts(runs_dir: Path, stage: str | None = None) -> list[ArtifactRef]:
@@ -148,7 +160,7 @@ class ArtifactWriter:
         self.stage, self.config, self.inputs, self.seed = stage, config, inputs, seed
         self.runs_dir = Path(runs_dir or default_runs_dir())
         self.hash = config_hash(stage, config, inputs)
-        self.id = f"{name}-{self.hash[:10]}"
+        self.id = f"{check_name(name)}-{self.hash[:10]}"
         self.final = self.runs_dir / stage / self.id
         self.dir = self.runs_dir / stage / f".tmp-{self.id}-{os.getpid()}"
         self.metrics: dict = {}

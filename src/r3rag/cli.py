@@ -130,17 +130,16 @@ def eval_retrieval_cmd(
         from rich.table import Table
 
         from r3rag.artifacts import default_runs_dir, resolve
-        from r3rag.jsonl import read_jsonl
         from r3rag.retrieval import load_retriever
-        from r3rag.retrieval.evaluate import retrieval_metrics
+        from r3rag.retrieval.evaluate import load_hop_queries, retrieval_metrics
+        from r3rag.stages.common import load_questions
 
         art = resolve(index, "index", runs_dir or default_runs_dir())
-        qs = read_jsonl(questions, required=("id", "question"))
-        qs = qs[:limit] if limit else qs
+        qs = load_questions(questions, limit=limit)
         hops = None
         if hop_queries:
-            by_id = {str(r["id"]): r["queries"] for r in read_jsonl(hop_queries, required=("id", "queries"))}
-            hops = [by_id.get(str(q["id"]), []) for q in qs]
+            by_id = load_hop_queries(hop_queries)
+            hops = [by_id.get(q["id"], []) for q in qs]
         try:
             k_values = tuple(int(k) for k in ks.split(","))
         except ValueError:

@@ -22,13 +22,19 @@ import yaml
 from r3rag.errors import UserError
 
 
+MAX_CONFIG_BYTES = 1 << 20  # configs are a few KB; PyYAML takes minutes over a 10 MB line
+
+
 def load_yaml(path: str | Path) -> dict:
     """Read a YAML mapping, with errors naming the file and line."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: config file not found")
+    size = path.stat().st_size
+    if size > MAX_CONFIG_BYTES:
+        raise UserError(f"{path}: {size} bytes is too large for a config file (limit {MAX_CONFIG_BYTES})")
     try:
-        data = yaml.safe_load(path.read_text(encoding="utf-8"))
+        data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except UnicodeDecodeError:
         raise UserError(f"{path}: not UTF-8 text") from None
     except yaml.YAMLError as e:

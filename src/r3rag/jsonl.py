@@ -31,7 +31,26 @@ def expect_object(row, where: str) -> dict:
     return row
 
 
+def read_json(path: str | Path):
+    """A whole JSON file; errors name the file and line."""
+    path = Path(path)
+    if not path.is_file():
+        raise UserError(f"{path}: file not found")
+    try:
+        return json.loads(path.read_bytes().decode("utf-8"))
+    except UnicodeDecodeError:
+        raise UserError(f"{path}: not valid UTF-8") from None
+    except json.JSONDecodeError as e:
+        raise UserError(f"{path}:{e.lineno}: malformed JSON ({e.msg})") from None
+
+
 def iter_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> Iterator[dict]:
+    for _, row in iter_numbered(path, required):
+        yield row
+
+
+def iter_numbered(path: str | Path, required: tuple[str, ...] = ()) -> Iterator[tuple[int, dict]]:
+    """(line number, object) for each non-blank line, so callers' own errors can name the line."""
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: file not found")
@@ -47,7 +66,7 @@ def iter_jsonl(path: str | Path, required: tuple[str, ...] = ()) -> Iterator[dic
             missing = [k for k in required if k not in row]
             if missing:
                 raise UserError(f"{path}:{lineno}: missing required field {missing[0]!r}")
-            yield row
+            yield lineno, row
 
 
 def read_jsonl(path: str | Path, required: tuple[str, ...] = (), allow_empty: bool = False) -> list[dict]:

@@ -40,9 +40,9 @@ def _load_pipeline(path: Path | None) -> dict:
 
 
 def _section(data: dict, stage: str, path) -> dict:
-    section = dict(data.get(stage) or {})
     if not isinstance(data.get(stage) or {}, dict):
         raise UserError(f"{path}: section {stage!r} must be a mapping")
+    section = dict(data.get(stage) or {})
     if "name" in data and "name" not in section:
         section["name"] = data["name"]
     return section
@@ -65,6 +65,8 @@ def run_stage(stage: str, config_path: Path | None, overrides: list[str], runs_d
 def run_pipeline(path: Path, overrides: list[str], runs_dir: Path | None) -> ArtifactRef:
     data = _load_pipeline(path)
     stages = data.get("stages") or [s for s in STAGE_ORDER if s in data]
+    if not stages:
+        raise UserError(f"{path}: no stages (give a section per stage, e.g. `world: {{}}`, or a `stages` list)")
     bad = [s for s in stages if s not in STAGE_ORDER]
     if bad:
         raise UserError(f"{path}: unknown stage {bad[0]!r} in stages (known: {', '.join(STAGE_ORDER)})")

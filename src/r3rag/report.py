@@ -17,7 +17,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from r3rag.jsonl import read_jsonl
+from r3rag.errors import UserError
+from r3rag.jsonl import read_json, read_jsonl
 
 COLUMNS = ("dataset", "system", "em", "em_ci", "f1", "f1_ci", "n", "searches", "gold_doc_recall")
 OPTIONAL = ("judge_acc", "tokens")  # shown only when some eval has them
@@ -36,8 +37,10 @@ def _dataset_name(manifest: dict) -> str:
 def collect_rows(eval_dirs: list[Path]) -> list[dict]:
     rows = []
     for d in eval_dirs:
-        manifest = json.loads((d / "manifest.json").read_text())
-        metrics = json.loads((d / "metrics.json").read_text())
+        manifest = read_json(d / "manifest.json")
+        metrics = read_json(d / "metrics.json")
+        if not isinstance(metrics, dict) or not isinstance(metrics.get("systems"), dict):
+            raise UserError(f"{d / 'metrics.json'}: no 'systems' object (not written by `r3rag eval`?)")
         for system, m in metrics["systems"].items():
             rows.append({
                 "dataset": metrics.get("dataset") or _dataset_name(manifest), "system": system, "em": m["em"], "f1": m["f1"],

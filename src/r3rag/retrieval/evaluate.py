@@ -17,8 +17,27 @@ Usage:
 
 from __future__ import annotations
 
+from pathlib import Path
+
+from r3rag.errors import UserError
+from r3rag.jsonl import iter_numbered
 from r3rag.metrics import normalize_answer
 from r3rag.protocol import Hit
+
+
+def load_hop_queries(path: str | Path) -> dict[str, list[str]]:
+    """{question id: [query, ...]} from JSONL rows `{"id", "queries"}`; errors name file:line."""
+    out, seen = {}, {}
+    for lineno, row in iter_numbered(path, required=("id", "queries")):
+        where, qid, queries = f"{path}:{lineno}", str(row["id"]), row["queries"]
+        if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
+            raise UserError(f"{where}: field 'queries' must be a list of strings")
+        if qid in seen:
+            raise UserError(f"{where}: duplicate id {qid!r} (first on line {seen[qid]})")
+        seen[qid], out[qid] = lineno, queries
+    if not out:
+        raise UserError(f"{path}: file is empty")
+    return out
 
 
 def gold_titles(question: dict) -> set[str]:

@@ -95,7 +95,7 @@ def load_questions(path: str | Path, limit: int = 0) -> list[dict]:
             if limit and len(out) >= limit:
                 break
     if not out:
-        raise UserError(f"{path}: no questions")
+        raise UserError(f"{path}: no questions (the file is empty)")
     return out
 
 

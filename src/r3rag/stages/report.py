@@ -39,8 +39,8 @@ def run(cfg: Config, ctx: Context):
     inputs = {f"eval{i}": ref for i, ref in enumerate(refs)}
     writer = ctx.writer("report", cfg, inputs, {"evals": "eval"})
     rows = collect_rows([r.path for r in refs])
-    ctx.console.print(rich_table(rows))
     if writer.existing:
+        ctx.console.print(rich_table(rows))
         return ctx.skipped(writer)
     with writer:
         write_markdown(rows, writer.dir / "report.md")
@@ -52,4 +52,5 @@ def run(cfg: Config, ctx: Context):
 
             screenshot(writer.dir / "viewer.html", writer.dir / "viewer.png")
         writer.metrics.update({"rows": len(rows), "viewer_trajectories": n})
+    ctx.console.print(rich_table(rows))  # after every input file was read: a broken one fails alone
     return ctx.done(writer)
