@@ -3,7 +3,10 @@
 Layout: `runs/<stage>/<name>-<hash>/` holding the stage's outputs, `config.yaml` and
 `manifest.json` (written last). Outputs are written into a hidden temp directory beside
 the final one and renamed into place only when complete, so a killed stage never leaves
-a directory that looks finished. A directory without a manifest is ignored.
+a directory that looks finished. A directory without a manifest is ignored. Outputs are
+fsynced before the manifest is renamed into place (complete even after a power cut); temp
+dirs of killed runs are removed by the next run of the same artifact; a disk that fills up
+(or is read-only) is one clear `UserError` naming the file, with the temp dir removed.
 
 Usage:
     inputs = {"world": resolve("world:latest", "world", runs_dir)}
@@ -17,12 +20,14 @@ Usage:
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import json
 import os
 import platform
 import re
 import shutil
+import socket
 import subprocess
 import time
 from dataclasses import dataclass
@@ -36,6 +41,9 @@ from r3rag.errors import UserError
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
+# errors that mean "could not write here" (disk full, quota, read-only, file too big, denied)
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES}
+_HOST = socket.gethostname().replace("/", "_") or "host"
 LIBRARIES = ("torch", "transformers", "trl", "peft", "accelerate", "bm25s", "tokenizers", "numpy")
 
 
@@ -162,7 +170,7 @@ class ArtifactWriter:
         self.hash = config_hash(stage, config, inputs)
         self.id = f"{check_name(name)}-{self.hash[:10]}"
         self.final = self.runs_dir / stage / self.id
-        self.dir = self.runs_dir / stage / f".tmp-{self.id}-{os.getpid()}"
+        self.dir = self.runs_dir / stage / f".tmp-{self.id}-{_HOST}-{os.getpid()}"
         self.metrics: dict = {}
         self.extra: dict = {}
         self.ref: ArtifactRef | None = None
@@ -170,6 +178,7 @@ class ArtifactWriter:
         self.existing = ArtifactRef(stage, self.id, self.final, m) if m else None
 
     def __enter__(self):
+        self._remove_stale_temp_dirs()
         if self.dir.exists():
             shutil.rmtree(self.dir)
         self.dir.mkdir(parents=True)
@@ -177,10 +186,27 @@ class ArtifactWriter:
         return self
 
     def __exit__(self, exc_type, exc, tb):
-        if exc_type is None:
-            self.commit()
-        shutil.rmtree(self.dir, ignore_errors=True)
+        try:
+            if exc_type is None:
+                self.commit()
+        except OSError as e:  # disk full during the commit: the same clear error as below
+            raise self._write_error(e) from None
+        finally:
+            shutil.rmtree(self.dir, ignore_errors=True)
+        if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
+            raise self._write_error(exc) from None
         return False
+
+    def _write_error(self, e: OSError) -> UserError:
+        return UserError(f"{self.stage}: cannot write {e.filename or self.dir}: {e.strerror or e} "
+                         "(the incomplete output was removed; nothing was published)")
+
+    def _remove_stale_temp_dirs(self) -> None:
+        """Temp dirs that killed runs of this artifact left on this host (their process is gone)."""
+        for d in self.dir.parent.glob(f".tmp-{self.id}-{_HOST}-*"):
+            pid = d.name.rsplit("-", 1)[-1]
+            if pid.isdigit() and not _alive(int(pid)):
+                shutil.rmtree(d, ignore_errors=True)
 
     def commit(self) -> ArtifactRef:
         (self.dir / "config.yaml").write_text(yaml.safe_dump(self.config, sort_keys=False))
@@ -207,12 +233,39 @@ class ArtifactWriter:
         }
         tmp_manifest = self.dir / (MANIFEST + ".part")
         tmp_manifest.write_text(json.dumps(manifest, indent=2, default=str))
+        _fsync_tree(self.dir)  # every output on disk before the manifest says it is complete
         os.replace(tmp_manifest, self.dir / MANIFEST)
         if self.final.exists():  # an incomplete leftover with the same id
             shutil.rmtree(self.final)
         os.replace(self.dir, self.final)
+        _fsync(self.final.parent)
         self.ref = ArtifactRef(self.stage, self.id, self.final, manifest)
         return self.ref
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # someone else's process
+        return True
+    return True
+
+
+def _fsync_tree(root: Path) -> None:
+    for p in root.rglob("*"):
+        if p.is_file():
+            _fsync(p)
+    _fsync(root)
+
+
+def _fsync(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
 
 
 def library_versions() -> dict:

@@ -34,15 +34,19 @@ ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue from the run
 
 
 def _guard(fn, debug: bool):
-    """Run a command; user errors become one line on stderr and exit code 2."""
+    """Run a command; user errors (and a full or read-only disk) become one line on stderr and exit code 2."""
     from rich.console import Console
+    from rich.markup import escape
+
+    from r3rag.artifacts import WRITE_ERRNOS
 
     try:
         return fn()
-    except UserError as e:
-        if debug:
+    except (UserError, OSError) as e:
+        if debug or (isinstance(e, OSError) and e.errno not in WRITE_ERRNOS):
             raise
-        Console(stderr=True).print(f"[bold red]error:[/bold red] {e}", highlight=False, soft_wrap=True)
+        msg = str(e) if isinstance(e, UserError) else f"{e.filename or 'write'}: {e.strerror or e}"
+        Console(stderr=True).print(f"[bold red]error:[/bold red] {escape(msg)}", highlight=False, soft_wrap=True)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
         Console(stderr=True).print("[yellow]interrupted[/yellow]: nothing incomplete was published")
