@@ -20,26 +20,12 @@ from pathlib import Path
 
 import torch
 
-from r3rag.artifacts import list_artifacts
-from r3rag.data.world import WorldConfig, generate_world, world_vocabulary
+from r3rag.data.world import WorldConfig, generate_world
 from r3rag.env import EnvConfig, run_rollouts
 from r3rag.generation.hf import HFGenerator
-from r3rag.protocol import Protocol
 from r3rag.retrieval.bm25 import BM25Retriever
 
-
-def load_or_make_policy(policy: str | None):
-    from r3rag.modeling import load_policy, tiny_model, train_word_tokenizer
-    from r3rag.training import load_protocol_dict
-
-    if policy is None:
-        found = list_artifacts(Path("runs"), "sft")
-        policy = str(found[-1].path) if found else None
-    if policy:
-        model, tok = load_policy(Path(policy))
-        return model, tok, Protocol(**load_protocol_dict(Path(policy))), policy
-    tok = train_word_tokenizer([" ".join(world_vocabulary()), "Question :"])
-    return tiny_model(tok).eval(), tok, Protocol(template="minimal", doc_style="plain"), "random tiny model"
+from policy import load_or_make_policy  # benchmarks/policy.py
 
 
 def timed(questions, gen, retriever, protocol, tok) -> tuple[float, list]:

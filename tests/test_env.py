@@ -79,3 +79,32 @@ def test_direct_and_rag_modes_force_an_answer():
     rag = run_rollouts(ex, gen, BM25Retriever.build(DOCS), P, EnvConfig(mode="rag", top_k=1))[0]
     assert rag.answer == "Velmar" and rag.retrieved == [["p1"]]
     assert [t.role for t in rag.turns] == ["env", "env", "model"]
+
+
+def test_reusing_the_kv_cache_between_turns_gives_the_same_rollouts(pipeline_runs):
+    """The generator keeps each trajectory's cache between turns; every turn equals a full re-encode.
+    Turns are driven by hand (model turn, then documents of varying length) so each continues a cache."""
+    from r3rag.env import Turn, add_env_turn, new_trajectory
+    from r3rag.generation.hf import HFGenerator
+    from r3rag.jsonl import read_jsonl
+    from r3rag.modeling import load_policy
+    from r3rag.protocol import Protocol
+
+    _, refs = pipeline_runs
+    model, tok = load_policy(refs["sft"].path)
+    proto = Protocol(template="minimal", doc_style="plain")
+    questions = read_jsonl(refs["world"].path / "test.jsonl")[:7]
+    docs = [d["text"] for d in read_jsonl(refs["world"].path / "corpus.jsonl")[:7]]
+
+    def drive(gen):
+        trajs = [new_trajectory(q, proto, tok) for q in questions]
+        for turn in range(3):
+            active = trajs[turn:]  # a shrinking set, regrouped into batches of 3
+            for t, out in zip(active, gen.generate(active, proto.stop_strings(), 6 + turn)):
+                t.turns.append(Turn("model", out.text, out.ids))
+                add_env_turn(t, " " + " ".join(docs[: 1 + (len(t.turns) + turn) % 3]), tok)
+        return [[t.ids for t in tr.turns] for tr in trajs]
+
+    cached_gen = HFGenerator(model, tok, batch_size=3, reuse_cache=True)
+    assert drive(cached_gen) == drive(HFGenerator(model, tok, batch_size=3, reuse_cache=False))
+    assert cached_gen.store.reused_tokens > 0

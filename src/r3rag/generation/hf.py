@@ -8,10 +8,14 @@ Usage:
 from __future__ import annotations
 
 import torch
-from transformers import StoppingCriteria, StoppingCriteriaList
+from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList
+from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from r3rag.env import Generated, Trajectory
+from r3rag.generation.prefix_cache import PrefixCacheStore
 
+# transformers 5.x renamed generate's `past_key_values` (argument and output field) to `cache`.
+_CACHE_KWARG = "cache" if "cache" in GenerateDecoderOnlyOutput.__dataclass_fields__ else "past_key_values"
 _WINDOW = 8  # tokens decoded to look for a stop string; stop strings are shorter than this
 
 
@@ -44,41 +48,69 @@ class _StopOnStrings(StoppingCriteria):
 
 
 class HFGenerator:
-    def __init__(self, model, tokenizer, batch_size: int = 64, temperature: float = 0.0, top_p: float = 1.0):
+    """`reuse_cache`: keep each trajectory's KV cache between turns (see prefix_cache.py), so a
+    turn encodes only the tokens the environment added; the answers are those of a full
+    re-encode (tests compare both). Off for models whose cache is not a plain DynamicCache."""
+
+    def __init__(self, model, tokenizer, batch_size: int = 64, temperature: float = 0.0, top_p: float = 1.0,
+                 reuse_cache: bool = True):
         self.model, self.tokenizer = model, tokenizer
         self.batch_size, self.temperature, self.top_p = batch_size, temperature, top_p
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
+        self.store = PrefixCacheStore(self.pad_id) if reuse_cache else None
+        self._alive: dict[int, Trajectory] = {}  # keeps the keyed trajectories (ids) alive
 
     def generate(self, contexts: list[Trajectory], stop: tuple[str, ...], max_new_tokens: int) -> list[Generated]:
         seqs = [c.context_ids() for c in contexts]
+        if self.store is not None:  # caches of trajectories that are not continued are dropped
+            self._alive = {id(c): c for c in contexts}
+            self.store.forget(set(self._alive))
         # Similar lengths together: less padding per batch.
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
         results: list[Generated | None] = [None] * len(seqs)
         for lo in range(0, len(order), self.batch_size):
             chunk = order[lo: lo + self.batch_size]
-            for i, g in zip(chunk, self._generate_batch([seqs[i] for i in chunk], stop, max_new_tokens)):
+            outs = self._generate_batch([seqs[i] for i in chunk], stop, max_new_tokens, [id(contexts[i]) for i in chunk])
+            for i, g in zip(chunk, outs):
                 results[i] = g
         return results  # type: ignore[return-value]
 
     @torch.no_grad()
-    def _generate_batch(self, seqs: list[list[int]], stop: tuple[str, ...], max_new_tokens: int) -> list[Generated]:
-        width = max(len(s) for s in seqs)
+    def _generate_batch(self, seqs: list[list[int]], stop: tuple[str, ...], max_new_tokens: int,
+                        keys: list[int] | None = None) -> list[Generated]:
         device = self.model.device
-        input_ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-        attention = torch.zeros((len(seqs), width), dtype=torch.long)
-        for r, s in enumerate(seqs):  # left padding, so every row continues at the same position
-            input_ids[r, width - len(s):] = torch.tensor(s, dtype=torch.long)
-            attention[r, width - len(s):] = 1
+        plan = self.store.plan(seqs, keys, device) if self.store is not None and keys else None
+        if plan is not None:
+            input_ids, attention, cache = plan.input_ids, plan.mask, plan.cache
+        else:
+            input_ids, attention, cache = self._left_padded(seqs), None, None
+            attention = (torch.arange(input_ids.shape[1]) >= (input_ids.shape[1] - torch.tensor(
+                [len(s) for s in seqs])).unsqueeze(1)).long()
+        width = input_ids.shape[1]
         sample = self.temperature > 0
         out = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention.to(device),
+            input_ids=input_ids.to(device), attention_mask=attention.to(device), **{_CACHE_KWARG: cache},
             max_new_tokens=max_new_tokens, do_sample=sample,
             temperature=self.temperature if sample else None, top_p=self.top_p if sample else None,
             top_k=None, pad_token_id=self.pad_id, eos_token_id=self.tokenizer.eos_token_id,
             stopping_criteria=StoppingCriteriaList([_StopOnStrings(self.tokenizer, stop, width)]),
+            return_dict_in_generate=True, use_cache=True,
         )
         stop_ids = single_token_ids(self.tokenizer, stop)
-        return [self._cut(row[width:].tolist(), stop, stop_ids) for row in out]
+        results = [self._cut(row[width:].tolist(), stop, stop_ids) for row in out.sequences]
+        out_cache = getattr(out, _CACHE_KWARG, None)
+        if self.store is not None and keys and isinstance(out_cache, DynamicCache):
+            self.store.save(keys, seqs, attention, out_cache, [g.ids for g in results],
+                            out.sequences.shape[1] - width)
+        return results
+
+    def _left_padded(self, seqs: list[list[int]]) -> torch.Tensor:
+        """Left padding, so every row continues at the same position."""
+        width = max(len(s) for s in seqs)
+        input_ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
+        for r, s in enumerate(seqs):
+            input_ids[r, width - len(s):] = torch.tensor(s, dtype=torch.long)
+        return input_ids
 
     def _cut(self, gen: list[int], stop: tuple[str, ...], stop_ids: list[int] | None) -> Generated:
         eos = self.tokenizer.eos_token_id
