@@ -275,3 +275,41 @@ def test_fact_documents_are_the_chain_facts():
 def test_fact_unit_needs_fact_sentences():
     with pytest.raises(ValueError, match="doc_unit='fact' needs doc_style='facts'"):
         generate_world(WorldConfig(doc_style="prose"))
+
+
+HARD = WorldConfig(seed=3, n_clusters=8, test_clusters=2, paraphrases=3, question_types="all")
+
+
+def test_harder_world_paraphrases_and_longer_chains():
+    from r3rag.data.world import FIRST_NAMES, LAST_NAMES, RELATION_PARAPHRASES, _extra_words
+    from r3rag.retrieval.bm25 import BM25Retriever
+
+    w = generate_world(HARD)
+    by_id = {d["id"]: d for d in w.docs}
+    phrasings = {p for group in RELATION_PARAPHRASES.values() for p in group[1:]}
+    assert sum(any(f" {p} " in d["text"] for p in phrasings) for d in w.docs) > len(w.docs) // 2
+    assert {q["metadata"]["hops"] for q in w.test} == {2, 3, 4}
+    qs = w.test[:150]
+    for q in qs:  # the restatement copies what the document says, and the chain ends at the answer
+        chain = q["metadata"]["chain"]
+        assert [h["fact"] for h in chain] == [by_id[h["doc_id"]]["text"] for h in chain]
+        assert chain[-1]["value"] == q["golden_answers"][0]
+    hops = [h for q in qs for h in q["metadata"]["chain"]]
+    rows = BM25Retriever.build(w.docs).search([h["query"] for h in hops], 3)
+    found = [h["doc_id"] in [x.doc_id for x in row] for h, row in zip(hops, rows)]
+    first = [h["doc_id"] == row[0].doc_id for h, row in zip(hops, rows)]
+    assert sum(found) >= 0.98 * len(hops)  # the canonical query still finds the paraphrased fact...
+    assert sum(first) <= 0.9 * len(hops)  # ...but not always first: the model must read which answers
+    vocab = set(world_vocabulary(HARD))
+    for text in [d["text"] for d in w.docs] + [q["question"] for q in w.test + w.train]:
+        assert set(text.split()) <= vocab, text
+    extra = set(_extra_words())
+    assert extra and not extra & set(world_vocabulary())  # basic worlds keep their vocabulary
+    assert not {x.lower() for x in extra} & {n.lower() for n in FIRST_NAMES + LAST_NAMES}
+
+
+def test_world_config_rejects_bad_harder_settings():
+    with pytest.raises(ValueError, match="paraphrases"):
+        generate_world(WorldConfig(paraphrases=4))
+    with pytest.raises(ValueError, match="question_types"):
+        generate_world(WorldConfig(question_types="hard"))

@@ -104,6 +104,22 @@ RELATION_PHRASES = {
 }
 FACT_TEMPLATES = {k: "{s} " + phrase + " {v} ." for k, phrase in RELATION_PHRASES.items()}
 
+# Harder worlds (`paraphrases` > 1): other ways documents state a relation. Queries keep the
+# canonical phrase, so a search matches the document on the names and the keyword only and the
+# model must read which retrieved sentence answers it; the restatement copies the sentence read.
+# Each keeps its relation's keyword (BM25 still ranks the right fact above the entity's others).
+RELATION_PARAPHRASES = {
+    "works": ("works for", "works as an employee of", "has long worked for the firm"),
+    "studied": ("studied at", "once studied at the school", "is a former student who studied at"),
+    "born": ("was born in", "was born and raised in", "was born in the city of"),
+    "headquartered": ("is headquartered in", "has its main office headquartered in", "is headquartered today in"),
+    "founder": ("was founded by", "was founded long ago by", "was founded by the entrepreneur"),
+    "founded": ("was founded in", "was founded in the year", "was first founded in"),
+    "located": ("is located in", "is located in the city of", "has its campus located in"),
+    "country": ("is a city in the country", "is a city that lies in the country", "is a city within the country"),
+}
+assert all(RELATION_PARAPHRASES[k][0] == RELATION_PHRASES[k] for k in RELATION_PHRASES)
+
 # Question type -> (subject kind, relation path).  Hops = len(path).
 QUESTION_TYPES = {
     "employer_city": ("person", ("works", "headquartered")),
@@ -113,6 +129,14 @@ QUESTION_TYPES = {
     "founder_school": ("company", ("founder", "studied")),
     "employer_founded": ("person", ("works", "founded")),
     "employer_founder_birthplace": ("person", ("works", "founder", "born")),
+}
+
+# More types for harder worlds (`question_types: all`): longer chains, up to 4 hops.
+EXTRA_QUESTION_TYPES = {
+    "school_country": ("person", ("studied", "located", "country")),
+    "founder_school_city": ("company", ("founder", "studied", "located")),
+    "employer_founder_birth_country": ("person", ("works", "founder", "born", "country")),
+    "founder_school_country": ("company", ("founder", "studied", "located", "country")),
 }
 
 # Questions name only the subject ({s}); intermediate entities stay hidden.
@@ -151,6 +175,24 @@ QUESTION_TEMPLATES = {
         "Where was the founder of the company that {s} works for born ?",
         "In which city was the founder of the employer of {s} born ?",
         "What is the birthplace of the founder of the company {s} works for ?",
+    ),
+}
+EXTRA_QUESTION_TEMPLATES = {
+    "school_country": (
+        "In which country is the school where {s} studied located ?",
+        "Which country is the school of {s} located in ?",
+    ),
+    "founder_school_city": (
+        "In which city is the school where the founder of {s} studied located ?",
+        "Where is the school that the founder of {s} attended located ?",
+    ),
+    "employer_founder_birth_country": (
+        "In which country was the founder of the company that {s} works for born ?",
+        "What is the birth country of the founder of the employer of {s} ?",
+    ),
+    "founder_school_country": (
+        "In which country is the school where the founder of {s} studied located ?",
+        "Which country is the school that the founder of {s} attended located in ?",
     ),
 }
 
@@ -222,12 +264,30 @@ COMPANY_WORDS = _POOLS["company"]
 UNIVERSITY_WORDS = _POOLS["university"]
 
 
-def world_vocabulary() -> list[str]:
-    """Every token that any world (any seed) can emit, deterministic order."""
+def _extra_words() -> list[str]:
+    """Tokens only harder worlds use (paraphrases, extra question types), not in the basic set."""
+    basic = set(_template_words())
+    texts = [p for group in RELATION_PARAPHRASES.values() for p in group]
+    texts += [t for group in EXTRA_QUESTION_TEMPLATES.values() for t in group]
+    words: dict[str, None] = {}
+    for text in texts:
+        for literal, _field, _spec, _conv in string.Formatter().parse(text):
+            words.update((w, None) for w in literal.split() if w not in basic)
+    return list(words)
+
+
+def _is_basic(config: "WorldConfig | None") -> bool:
+    return config is None or (config.paraphrases <= 1 and config.question_types == "basic")
+
+
+def world_vocabulary(config: "WorldConfig | None" = None) -> list[str]:
+    """Every token that any world (any seed) with this config's features can emit, in a
+    deterministic order. Basic worlds (the default) never use the harder worlds' extra words, so
+    their vocabulary, and a tokenizer trained on it, stay as they were."""
     tokens: dict[str, None] = {}
     for group in (
         PUNCTUATION,
-        _template_words(),
+        _template_words() + ([] if _is_basic(config) else _extra_words()),
         COMPANY_SUFFIXES,
         UNIVERSITY_SUFFIXES,
         YEARS,
@@ -264,6 +324,10 @@ class WorldConfig:
     # "fact": one document per fact (a retrieved fact can be restated by copying it);
     # "entity": one document per entity holding all its facts.
     doc_unit: str = "fact"
+    # Harder worlds: phrasings per relation in fact documents (1 = the canonical phrase only;
+    # queries always use the canonical one), and "all" adds 3- and 4-hop question types.
+    paraphrases: int = 1
+    question_types: str = "basic"
 
 
 @dataclass
@@ -289,6 +353,12 @@ def _validate(config: WorldConfig) -> None:
         raise ValueError(f"WorldConfig.doc_unit must be 'fact' or 'entity', got {config.doc_unit!r}")
     if config.doc_unit == "fact" and config.doc_style != "facts":
         raise ValueError("WorldConfig.doc_unit='fact' needs doc_style='facts'")
+    if not 1 <= config.paraphrases <= 3:
+        raise ValueError(f"WorldConfig.paraphrases must be 1, 2 or 3, got {config.paraphrases}")
+    if config.question_types not in ("basic", "all"):
+        raise ValueError(f"WorldConfig.question_types must be 'basic' or 'all', got {config.question_types!r}")
+    if config.paraphrases > 1 and config.doc_unit != "fact":
+        raise ValueError("WorldConfig.paraphrases > 1 needs doc_unit='fact'")
     positive = ("n_clusters", "people_per_cluster", "companies_per_cluster",
                 "universities_per_cluster", "n_cities", "n_countries")
     for field_name in positive:
@@ -365,14 +435,16 @@ def _make_doc(rng: random.Random, entity: _Entity, style: str) -> dict:
             "contents": entity.name + "\n" + text}
 
 
-def _fact_docs(entity: _Entity) -> list[dict]:
-    """One document per fact, id "<entity id>-<relation>"; a country gets one plain doc."""
+def _fact_docs(entity: _Entity, rng: random.Random | None = None, paraphrases: int = 1) -> list[dict]:
+    """One document per fact, id "<entity id>-<relation>"; a country gets one plain doc.
+    With `paraphrases` > 1 each fact is stated with one of that many phrasings (rng's pick)."""
     if not entity.facts:
         text = COUNTRY_TEMPLATES[0].format(name=entity.name)
         return [{"id": entity.doc_id, "title": entity.name, "text": text, "contents": entity.name + "\n" + text}]
     docs = []
     for keyword, value in entity.facts.items():
-        text = FACT_TEMPLATES[keyword].format(s=entity.name, v=value)
+        phrase = rng.choice(RELATION_PARAPHRASES[keyword][:paraphrases]) if paraphrases > 1 else RELATION_PHRASES[keyword]
+        text = f"{entity.name} {phrase} {value} ."
         docs.append({"id": _fact_doc_id(entity, keyword), "title": entity.name, "text": text,
                      "contents": entity.name + "\n" + text})
     return docs
@@ -382,17 +454,20 @@ def _fact_doc_id(entity: _Entity, keyword: str) -> str:
     return f"{entity.doc_id}-{keyword}"
 
 
-def _chain(entities: dict[str, _Entity], subject: str, path: tuple[str, ...], doc_unit: str) -> list[dict]:
-    """Follow the relation path from the subject, one hop per relation."""
+def _chain(entities: dict[str, _Entity], subject: str, path: tuple[str, ...], doc_unit: str,
+           doc_text: dict[str, str] | None = None) -> list[dict]:
+    """Follow the relation path from the subject, one hop per relation. The hop's `fact` is the
+    sentence its document states (`doc_text` by doc id, for paraphrased worlds)."""
     hops = []
     current = subject
     for keyword in path:
         entity = entities[current]
         value = entity.facts[keyword]
+        doc_id = _fact_doc_id(entity, keyword) if doc_unit == "fact" else entity.doc_id
         hops.append({
-            "doc_id": _fact_doc_id(entity, keyword) if doc_unit == "fact" else entity.doc_id,
+            "doc_id": doc_id,
             "query": f"{current} {RELATION_PHRASES[keyword]}",
-            "fact": FACT_TEMPLATES[keyword].format(s=current, v=value),
+            "fact": (doc_text or {}).get(doc_id) or FACT_TEMPLATES[keyword].format(s=current, v=value),
             "value": value,
         })
         current = value
@@ -400,12 +475,13 @@ def _chain(entities: dict[str, _Entity], subject: str, path: tuple[str, ...], do
 
 
 def _make_question(rng: random.Random, entities: dict[str, _Entity], qid: str, qtype: str,
-                   subject: str, split: str, cluster: int, doc_unit: str) -> dict:
-    _kind, path = QUESTION_TYPES[qtype]
-    chain = _chain(entities, subject, path, doc_unit)
+                   subject: str, split: str, cluster: int, doc_unit: str, doc_text: dict[str, str] | None) -> dict:
+    _kind, path = {**QUESTION_TYPES, **EXTRA_QUESTION_TYPES}[qtype]
+    chain = _chain(entities, subject, path, doc_unit, doc_text)
+    templates = QUESTION_TEMPLATES.get(qtype) or EXTRA_QUESTION_TEMPLATES[qtype]
     return {
         "id": qid,
-        "question": rng.choice(QUESTION_TEMPLATES[qtype]).format(s=subject),
+        "question": rng.choice(templates).format(s=subject),
         "golden_answers": [chain[-1]["value"]],
         "metadata": {
             "type": qtype,
@@ -480,12 +556,14 @@ def generate_world(config: WorldConfig) -> World:
     for ent in all_ents:
         entities[ent.name] = ent
     if cfg.doc_unit == "fact":
-        docs = [doc for ent in all_ents for doc in _fact_docs(ent)]
+        docs = [doc for ent in all_ents for doc in _fact_docs(ent, rng, cfg.paraphrases)]
     else:
         docs = [_make_doc(rng, ent, cfg.doc_style) for ent in all_ents]
+    doc_text = {d["id"]: d["text"] for d in docs} if cfg.paraphrases > 1 else None
 
-    person_types = [t for t, (kind, _p) in QUESTION_TYPES.items() if kind == "person"]
-    company_types = [t for t, (kind, _p) in QUESTION_TYPES.items() if kind == "company"]
+    types = {**QUESTION_TYPES, **(EXTRA_QUESTION_TYPES if cfg.question_types == "all" else {})}
+    person_types = [t for t, (kind, _p) in types.items() if kind == "person"]
+    company_types = [t for t, (kind, _p) in types.items() if kind == "company"]
     train: list[dict] = []
     test: list[dict] = []
     counter = 0
@@ -496,7 +574,7 @@ def generate_world(config: WorldConfig) -> World:
         subjects += [(c, t) for c in c_companies for t in company_types]
         for subject, qtype in subjects:
             target.append(_make_question(rng, entities, f"q{counter:06d}", qtype, subject, split, k,
-                                         cfg.doc_unit))
+                                         cfg.doc_unit, doc_text))
             counter += 1
 
     # Shuffle so any prefix of a split mixes clusters and question types.

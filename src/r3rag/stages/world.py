@@ -40,7 +40,7 @@ def run(cfg: Config, ctx: Context):
         write_jsonl(writer.dir / "corpus.jsonl", world.docs)
         write_jsonl(writer.dir / "train.jsonl", world.train)
         write_jsonl(writer.dir / "test.jsonl", world.test)
-        (writer.dir / "vocab.txt").write_text("\n".join(world_vocabulary()) + "\n")
+        (writer.dir / "vocab.txt").write_text("\n".join(world_vocabulary(world_cfg)) + "\n")
         writer.metrics.update({
             "docs": len(world.docs), "train_questions": len(world.train), "test_questions": len(world.test),
             "hops": _hop_counts(world.test),
