@@ -94,7 +94,7 @@ def _rl_command():
     return command
 
 
-for _stage in ("world", "index", "synthesize", "sft", "rl", "eval"):
+for _stage in ("world", "index", "synthesize", "base", "sft", "rl", "eval"):
     app.command(_stage, epilog=_config_epilog(_stage))(_rl_command() if _stage == "rl" else _stage_command(_stage))
 
 

@@ -32,7 +32,7 @@ import random
 import string
 from dataclasses import dataclass
 
-__all__ = ["WorldConfig", "World", "generate_world", "world_vocabulary"]
+__all__ = ["WorldConfig", "World", "generate_world", "world_vocabulary", "fresh_world_config", "chain_names"]
 
 # ---------------------------------------------------------------------------
 # Templates.  Placeholders are named after the relation keyword they hold, so
@@ -581,3 +581,22 @@ def generate_world(config: WorldConfig) -> World:
     rng.shuffle(train)
     rng.shuffle(test)
     return World(config=config, docs=docs, train=train, test=test)
+
+
+def fresh_world_config(base: WorldConfig, i: int, clusters: int = 0) -> WorldConfig:
+    """The i-th freshly generated world beside `base` (training mixes, base-model text): the same
+    settings, a seed disjoint from `base.seed`, and `clusters` clusters all in train (0 = as base)."""
+    size = {"n_clusters": clusters, "test_clusters": 0} if clusters else {}
+    return WorldConfig(**{**base.__dict__, "seed": base.seed * 100_003 + 7_919 * (i + 1), **size})
+
+
+def chain_names(questions: list[dict]) -> set[str]:
+    """People, companies and universities the questions' chains pass through. These names have
+    two words; cities, countries and years (one word) are shared geography."""
+    names = set()
+    for q in questions:
+        chain = q.get("metadata", {}).get("chain", [])
+        if chain:
+            names.add(" ".join(chain[0]["fact"].split()[:2]))  # the subject
+        names.update(hop["value"] for hop in chain)
+    return {n for n in names if len(n.split()) == 2}

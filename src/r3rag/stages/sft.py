@@ -2,8 +2,9 @@
 
 The loss covers only what the model writes: the prompt and every `<information>` span
 (environment turns) get label -100. Start from a tiny model built from a config with a
-word-level tokenizer trained on the world (`model: tiny`), or from any transformers model
-id/path with LoRA (`model: Qwen/Qwen2.5-3B`, `lora: true`). The policy is saved merged.
+word-level tokenizer trained on the world (`model: tiny`), from the miniature's pretrained
+base model (`base: base:latest`, see `r3rag base`), or from any transformers model id/path,
+with LoRA (`model: Qwen/Qwen2.5-3B`, `lora: true`) or fully. The policy is saved merged.
 
 Usage:
 
@@ -24,7 +25,7 @@ from r3rag.jsonl import read_jsonl
 from r3rag.stages.common import Context, resolve_inputs, set_threads
 from r3rag.training import LoraSettings, save_policy, tokenize_trajectory
 
-INPUTS = {"data": "synthesize", "world": "world"}
+INPUTS = {"data": "synthesize", "world": "world", "base": "base"}
 
 
 @dataclass
@@ -33,6 +34,7 @@ class Config:
     data: str = "synthesize:latest"
     world: str = "world:latest"  # the tiny model's tokenizer vocabulary; "" for pretrained models
     model: str = "tiny"
+    base: str = ""  # a base artifact (r3rag base) to start from instead of `model`, e.g. base:latest
     arch: str = "llama"
     layers: int = 4
     hidden: int = 128
@@ -68,7 +70,8 @@ def run(cfg: Config, ctx: Context):
     with writer:
         t0 = time.time()
         stats = train_sft(model, tokenizer, rows, cfg, writer.dir / "checkpoints", ctx)
-        save_policy(stats.pop("model"), tokenizer, writer.dir, protocol, cfg.model)
+        save_policy(stats.pop("model"), tokenizer, writer.dir, protocol,
+                    f"base:{inputs['base'].id}" if "base" in inputs else cfg.model)
         shutil.rmtree(writer.dir / "checkpoints", ignore_errors=True)
         writer.metrics.update({**stats, "train_seconds": round(time.time() - t0, 1), "trajectories": len(rows)})
     return ctx.done(writer)
@@ -77,7 +80,10 @@ def run(cfg: Config, ctx: Context):
 def _base_model(cfg: Config, inputs, rows):
     from r3rag import modeling
 
-    if cfg.model == "tiny":
+    if "base" in inputs:  # the miniature's pretrained model (r3rag base)
+        tokenizer = modeling.load_tokenizer(inputs["base"].path / "model")
+        model = modeling.load_model(inputs["base"].path / "model", dtype="float32")
+    elif cfg.model == "tiny":
         if "world" not in inputs:
             raise UserError("sft: model=tiny needs a world artifact (world: world:latest) for its vocabulary")
         vocab = (inputs["world"].path / "vocab.txt").read_text().split()

@@ -1,0 +1,144 @@
+"""`r3rag base`: a small base model pretrained on world text, for a LoRA cold start like real runs.
+
+Real users start from a pretrained model and fine-tune it with LoRA. The miniature mirrors
+that: this stage trains a tiny model from scratch as a plain causal LM on text only (the
+documents and questions of `worlds` freshly generated worlds, no trajectories), then
+`r3rag sft --set base=base:latest --set lora=true` does the cold start on top of it.
+
+The text never comes from the evaluation world, and documents or questions that mention an
+entity of its test split are left out: the base model cannot answer held-out questions from
+memory, it only knows how the world's language works (as a real model knows English).
+
+Usage:
+
+    r3rag base --set worlds=40 --set epochs=1
+    r3rag sft --set base=base:latest --set lora=true --set lr=1e-3
+"""
+
+from __future__ import annotations
+
+import random
+import shutil
+import time
+from dataclasses import dataclass
+
+from r3rag.errors import UserError
+from r3rag.jsonl import read_jsonl
+from r3rag.stages.common import Context, resolve_inputs, set_threads
+
+INPUTS = {"world": "world"}
+
+
+@dataclass
+class Config:
+    name: str = "default"
+    world: str = "world:latest"  # its settings and vocabulary; its own text is never trained on
+    worlds: int = 40  # fresh worlds whose text is the corpus
+    world_clusters: int = 10  # clusters per fresh world
+    questions: bool = True  # also the fresh worlds' question texts (no answers, no trajectories)
+    arch: str = "llama"
+    layers: int = 4
+    hidden: int = 128
+    heads: int = 4
+    intermediate: int = 512
+    max_length: int = 256  # tokens per packed training sequence
+    epochs: float = 1.0
+    lr: float = 1e-3
+    batch_size: int = 16
+    warmup_ratio: float = 0.03
+    bf16: bool | str = "auto"
+    threads: int = 0
+    seed: int = 0
+
+
+def validate(cfg: Config) -> None:
+    if cfg.worlds < 1:
+        raise UserError("base.worlds: needs at least one fresh world")
+    if cfg.max_length < 16:
+        raise UserError("base.max_length: at least 16 tokens")
+
+
+def run(cfg: Config, ctx: Context):
+    validate(cfg)
+    inputs = resolve_inputs(cfg, INPUTS, ctx)
+    writer = ctx.writer("base", cfg, inputs, INPUTS)
+    if writer.existing:
+        return ctx.skipped(writer)
+    set_threads(cfg.threads)
+    texts = corpus_texts(cfg, inputs["world"])
+    tokenizer, model = _fresh_model(cfg, inputs["world"])
+    with writer:
+        t0 = time.time()
+        stats = train_lm(model, tokenizer, texts, cfg, writer.dir / "checkpoints")
+        stats["model"].save_pretrained(writer.dir / "model", safe_serialization=True)
+        tokenizer.save_pretrained(writer.dir / "model")
+        shutil.rmtree(writer.dir / "checkpoints", ignore_errors=True)
+        del stats["model"]
+        writer.metrics.update({**stats, "texts": len(texts), "train_seconds": round(time.time() - t0, 1)})
+    return ctx.done(writer)
+
+
+def corpus_texts(cfg: Config, world_ref) -> list[str]:
+    """Documents (and question texts) of fresh worlds, minus anything naming a held-out entity."""
+    from r3rag.data.world import WorldConfig, chain_names, fresh_world_config, generate_world
+
+    saved = world_ref.manifest["config"]
+    eval_cfg = WorldConfig(**{k: saved[k] for k in WorldConfig.__dataclass_fields__ if k in saved})
+    held_out = chain_names(read_jsonl(world_ref.path / "test.jsonl"))
+    texts = []
+    for i in range(cfg.worlds):
+        world = generate_world(fresh_world_config(eval_cfg, i, cfg.world_clusters))
+        texts += [d["text"] for d in world.docs]
+        if cfg.questions:
+            texts += [q["question"] for q in world.train + world.test]
+    kept = [t for t in texts if not _bigrams(t) & held_out]
+    random.Random(cfg.seed).shuffle(kept)
+    return kept
+
+
+def _bigrams(text: str) -> set[str]:
+    words = text.split()
+    return {f"{a} {b}" for a, b in zip(words, words[1:])}
+
+
+def _fresh_model(cfg: Config, world_ref):
+    from r3rag import modeling
+
+    vocab = (world_ref.path / "vocab.txt").read_text().split()
+    tokenizer = modeling.train_word_tokenizer([" ".join(vocab), "Question :"])
+    model = modeling.tiny_model(tokenizer, cfg.arch, cfg.layers, cfg.hidden, cfg.heads, cfg.intermediate,
+                                max_positions=max(cfg.max_length, 1024), seed=cfg.seed)
+    return tokenizer, model
+
+
+def pack(texts: list[str], tokenizer, length: int) -> list[list[int]]:
+    """Texts joined with EOS and cut into sequences of `length` tokens (the last partial one dropped)."""
+    stream: list[int] = []
+    for t in texts:
+        stream += tokenizer.encode(t, add_special_tokens=False) + [tokenizer.eos_token_id]
+    return [stream[i: i + length] for i in range(0, len(stream) - length + 1, length)]
+
+
+def train_lm(model, tokenizer, texts: list[str], cfg: Config, out_dir) -> dict:
+    from datasets import Dataset
+    from trl import SFTConfig
+
+    from r3rag.trainers import FastSFTTrainer
+    from r3rag.training import device_flags
+
+    seqs = pack(texts, tokenizer, cfg.max_length)
+    if not seqs:
+        raise UserError(f"base: the fresh worlds' text is shorter than one sequence of {cfg.max_length} tokens")
+    ds = Dataset.from_dict({"input_ids": seqs, "labels": seqs})
+    args = SFTConfig(
+        output_dir=str(out_dir), num_train_epochs=cfg.epochs, per_device_train_batch_size=cfg.batch_size,
+        learning_rate=cfg.lr, lr_scheduler_type="cosine", warmup_steps=cfg.warmup_ratio, logging_steps=20,
+        save_strategy="no", report_to=[], seed=cfg.seed, max_length=cfg.max_length,
+        activation_checkpointing=False, dataloader_num_workers=0, disable_tqdm=False, **device_flags(cfg.bf16),
+    )
+    trainer = FastSFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tokenizer)
+    result = trainer.train()
+    n_tokens = len(seqs) * cfg.max_length
+    return {"model": trainer.model, "train_loss": round(result.training_loss, 4), "tokens_per_epoch": n_tokens,
+            "steps": result.global_step, "parameters": sum(p.numel() for p in trainer.model.parameters()),
+            "tokens_per_second": round(n_tokens * cfg.epochs / max(result.metrics["train_runtime"], 1e-9), 1)}
