@@ -20,7 +20,7 @@ from typing import Literal, Protocol as TypingProtocol
 
 from r3rag.protocol import Protocol, Step
 
-FinishReason = Literal["answer", "max_turns", "length", "invalid"]
+FinishReason = Literal["answer", "max_turns", "length", "invalid", "error"]  # error: the generator failed
 
 
 @dataclass
@@ -98,7 +98,8 @@ def join_turns(turns: list[Turn]) -> tuple[list[int], list[int]]:
 class Generated:
     text: str
     ids: list[int] | None = None
-    finish: Literal["stop", "eos", "length"] = "stop"
+    finish: Literal["stop", "eos", "length", "error"] = "stop"
+    error: str | None = None  # why, when finish == "error" (e.g. an API request that failed for good)
 
 
 class Generator(TypingProtocol):
@@ -159,7 +160,8 @@ def run_rollouts(examples: list[dict], generator: Generator, retriever: Retrieve
         searching = []
         for t, out in zip(active, outs):
             t.turns.append(Turn("model", out.text, out.ids))
-            step = protocol.parse_step(prefill + out.text)
+            step = (Step("invalid", out.text, reason=out.error) if out.finish == "error"
+                    else protocol.parse_step(prefill + out.text))
             t.steps.append(_step_record(step))
             _finish_or_continue(t, step, out, turn_no, cfg, searching)
         if searching:
@@ -185,7 +187,7 @@ def _finish_or_continue(t: Trajectory, step: Step, out: Generated, turn_no: int,
     if step.kind == "answer":
         t.answer, t.finish_reason = step.answer, "answer"
     elif step.kind == "invalid":
-        t.finish_reason = "length" if out.finish == "length" else "invalid"
+        t.finish_reason = out.finish if out.finish in ("length", "error") else "invalid"
     elif turn_no == cfg.max_turns - 1 or cfg.mode != "iterative":
         t.finish_reason = "max_turns"
     else:

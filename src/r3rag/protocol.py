@@ -2,15 +2,26 @@
 
 Nothing else in r3rag builds prompts or parses model output.
 
-The `search-r1` protocol: the model writes `<think> ... </think>` (optional),
-then either `<search> query </search>` or `<answer> text </answer>`; the environment
-replies with `<information> docs </information>`.
+Two protocols (`Protocol(name=...)`):
+
+- `search-r1`: the model writes `<think> ... </think>` (optional), then either
+  `<search> query </search>` or `<answer> text </answer>`; the environment replies with
+  `<information> docs </information>`.
+- `r3rag`: R3-RAG's step format. The prompt is `The question: ...`; each model turn is
+  `Step k:` / `The problem analysis: ...` / `The retrieval query: ...` ending with
+  `The retrieval documents:` (its stop string), or `The final answer: ...`; the environment
+  appends the documents after that marker. `template` does not apply.
+
+Teachers behind a chat API get their prompt here too (`teacher_messages`): the full
+instruction whatever the student's template, and `close_turn` puts back the stop string an
+API cut off. So does an LLM judge (`judge_prompt`, `parse_judgement`).
 
 Usage:
-    proto = Protocol(template="minimal", doc_style="plain")
+    proto = Protocol(template="minimal", doc_style="plain")      # or Protocol(name="r3rag")
     prompt = proto.prompt(question)
     step = proto.parse_step(model_text)    # Step(kind="search"|"answer"|"invalid", ...)
     env_text = proto.render_docs(hits)
+    messages = proto.teacher_messages(trajectory)                # chat messages for the next turn
 """
 
 from __future__ import annotations
@@ -37,6 +48,33 @@ SEARCH_R1_INSTRUCTION = (
 )
 MINIMAL_TEMPLATE = "Question : {question}\n"
 
+# R3-RAG's step format.
+R3_QUESTION = "The question: {question}\n"
+R3_STEP, R3_ANALYSIS, R3_QUERY = "Step {k}:", "The problem analysis:", "The retrieval query:"
+R3_ANSWER, R3_DOCS = "The final answer:", "The retrieval documents:"
+R3_STOP_STRINGS = (R3_DOCS, "\nStep ")
+R3RAG_TEACHER_INSTRUCTION = (
+    "You are an expert at answering complex questions by breaking them down into simple steps and searching "
+    "a document collection. Work one step at a time. In each step, first write a short problem analysis: what "
+    "the question and the documents retrieved so far establish, and what is still missing. Then write exactly "
+    "one of:\n- a retrieval query for the one missing fact you need next (a short search query, not the whole "
+    "question), or\n- the final answer, as a short phrase (a name, date, number or yes/no), once the documents "
+    "are enough.\nIf the documents do not contain what you need, rephrase the query or decompose the problem "
+    "differently.\n\nWrite only the next step, in exactly this format:\n"
+    "Step {k}:\nThe problem analysis: <analysis>\nThe retrieval query: <query>\n"
+    "or\nStep {k}:\nThe problem analysis: <analysis>\nThe final answer: <answer>\n\n{context}"
+)
+
+JUDGE_PROMPT = (
+    "Decide whether a predicted answer to a question is correct, given the reference answers. It is correct "
+    "if it means the same as one of the reference answers (an alias, other wording or extra detail is fine); it "
+    "is wrong if it names a different entity, number or date, or hedges between several.\n\n"
+    "Question: {question}\nReference answers: {golds}\nPredicted answer: {prediction}\n\n"
+    "Reply with one line of analysis, then a last line that is exactly 'Final answer: True' or "
+    "'Final answer: False'."
+)
+_JUDGEMENT = re.compile(r"final answer\s*:\s*\**\s*(true|false)", re.I)
+
 _BLOCK = {kind: re.compile(re.escape(o) + r"(.*?)" + re.escape(c), re.S)
           for kind, o, c in (("search", SEARCH_OPEN, SEARCH_CLOSE), ("answer", ANSWER_OPEN, ANSWER_CLOSE))}
 
@@ -62,15 +100,30 @@ class Hit:
     text: str
 
 
+PROTOCOLS = ("search-r1", "r3rag")
+
+
 @dataclass
 class Protocol:
-    name: str = "search-r1"
+    name: Literal["search-r1", "r3rag"] = "search-r1"
     template: Literal["search-r1", "minimal"] = "search-r1"
     doc_style: Literal["search-r1", "plain"] = "search-r1"
     max_doc_chars: int = 0  # 0 = no truncation
     chat: bool = False  # wrap the prompt as a user message in the tokenizer's chat template (instruct models)
 
+    def __post_init__(self):
+        if self.name not in PROTOCOLS:
+            from r3rag.errors import UserError
+
+            raise UserError(f"protocol: unknown protocol {self.name!r} (available: {', '.join(PROTOCOLS)})")
+
+    @property
+    def r3(self) -> bool:
+        return self.name == "r3rag"
+
     def prompt(self, question: str) -> str:
+        if self.r3:
+            return R3_QUESTION.format(question=question.strip())
         tpl = SEARCH_R1_INSTRUCTION if self.template == "search-r1" else MINIMAL_TEMPLATE
         return tpl.format(question=question.strip())
 
@@ -85,10 +138,17 @@ class Protocol:
                                              add_generation_prompt=True)
 
     def stop_strings(self) -> tuple[str, ...]:
-        return STOP_STRINGS
+        return R3_STOP_STRINGS if self.r3 else STOP_STRINGS
+
+    def api_stop_strings(self) -> tuple[str, ...]:
+        """Stops for a chat API, which answers one step per request: a reply that opens with
+        a newline before "Step k:" must not stop at once."""
+        return (R3_DOCS,) if self.r3 else STOP_STRINGS
 
     def parse_step(self, text: str) -> Step:
         """Parse one model turn; malformed output is an `invalid` step with a reason, never an exception."""
+        if self.r3:
+            return _parse_r3_step(text)
         blocks = {kind: rx.findall(text) for kind, rx in _BLOCK.items()}
         n_actions = len(blocks["search"]) + len(blocks["answer"])
         if n_actions > 1:
@@ -118,17 +178,27 @@ class Protocol:
             else:
                 parts.append(text)
         sep = "\n" if self.doc_style == "search-r1" else " "
+        if self.r3:  # follows the model's "The retrieval documents:"
+            return f" {sep.join(parts)}\n"
         return f"\n{INFO_OPEN} {sep.join(parts)} {INFO_CLOSE}\n"
 
-    # The three texts the oracle teacher and baselines write: kept here so the format lives in one place.
-    def search_turn(self, query: str, thought: str | None = None) -> str:
+    # The texts the oracle teacher and baselines write: kept here so the format lives in one place.
+    def search_turn(self, query: str, thought: str | None = None, step: int = 1) -> str:
+        if self.r3:
+            return self._r3_head(step, thought) + f"{R3_QUERY} {query}\n{R3_DOCS}"
         return self._think(thought) + f"{SEARCH_OPEN} {query} {SEARCH_CLOSE}"
 
-    def answer_turn(self, answer: str, thought: str | None = None) -> str:
+    def answer_turn(self, answer: str, thought: str | None = None, step: int = 1) -> str:
+        if self.r3:
+            return self._r3_head(step, thought) + f"{R3_ANSWER} {answer}"
         return self._think(thought) + f"{ANSWER_OPEN} {answer} {ANSWER_CLOSE}"
 
     def answer_prefill(self) -> str:
-        return f"{ANSWER_OPEN} "
+        return f"{R3_STEP.format(k=1)}\n{R3_ANSWER} " if self.r3 else f"{ANSWER_OPEN} "
+
+    @staticmethod
+    def _r3_head(step: int, thought: str | None) -> str:
+        return f"{R3_STEP.format(k=step)}\n{R3_ANALYSIS} {thought or 'I need more information.'}\n"
 
     @staticmethod
     def _think(thought: str | None) -> str:
@@ -141,3 +211,63 @@ class Protocol:
         tags_ok = all(t.count(THINK_OPEN) == t.count(THINK_CLOSE) and INFO_OPEN not in t and INFO_CLOSE not in t
                       for t in model_texts)
         return bool(steps) and tags_ok and all(s.kind != "invalid" for s in steps) and steps[-1].kind == "answer"
+
+    # ---------------------------------------------------------------- teachers and judges behind a chat API
+
+    def teacher_messages(self, traj) -> list[dict]:
+        """Chat messages asking a teacher for the next turn of `traj` (an env.Trajectory).
+
+        search-r1: a multi-turn chat (the instruction, then model turns as the assistant's and
+        documents as the user's). r3rag: one fresh user message holding the instruction and the
+        whole context so far, as R3-RAG prompts its teacher."""
+        if self.r3:
+            context = traj.prompt + "".join(t.text for t in traj.turns)
+            k = sum(t.role == "model" for t in traj.turns) + 1
+            return [{"role": "user", "content": R3RAG_TEACHER_INSTRUCTION.format(k=k, context=context)}]
+        messages = [{"role": "user", "content": SEARCH_R1_INSTRUCTION.format(question=traj.question.strip())}]
+        for t in traj.turns:
+            messages.append({"role": "assistant" if t.role == "model" else "user", "content": t.text.strip()})
+        return messages
+
+    def close_turn(self, text: str) -> str:
+        """A turn an API stopped at a stop string, with that string put back (APIs leave it out)."""
+        text = text.rstrip()
+        if self.r3:
+            step = _parse_r3_step(text)
+            return text + f"\n{R3_DOCS}" if step.kind == "search" and not text.endswith(R3_DOCS) else text
+        for open_, close in ((SEARCH_OPEN, SEARCH_CLOSE), (ANSWER_OPEN, ANSWER_CLOSE)):
+            if open_ in text and close not in text[text.rindex(open_):]:
+                return text + f" {close}"
+        return text
+
+
+def judge_prompt(question: str, golden_answers: list[str], prediction: str) -> list[dict]:
+    """Chat messages asking an LLM judge whether `prediction` answers `question` correctly."""
+    golds = "; ".join(golden_answers)
+    return [{"role": "user", "content": JUDGE_PROMPT.format(question=question.strip(), golds=golds,
+                                                            prediction=prediction.strip())}]
+
+
+def parse_judgement(text: str) -> bool | None:
+    """The judge's verdict (its last 'Final answer: True|False'), or None when it gave none."""
+    found = _JUDGEMENT.findall(text)
+    return found[-1].lower() == "true" if found else None
+
+
+def _parse_r3_step(text: str) -> Step:
+    n_query, n_answer = text.count(R3_QUERY), text.count(R3_ANSWER)
+    if n_query + n_answer > 1:
+        return Step("invalid", text, reason="more than one action in a step")
+    if n_answer:
+        answer = text.split(R3_ANSWER, 1)[1].split("\n")[0].strip()
+        if not answer:
+            return Step("invalid", text, reason="empty answer")
+        return Step("answer", text, answer=answer)
+    if n_query:
+        query = text.split(R3_QUERY, 1)[1].split(R3_DOCS)[0].split("\n")[0].strip()
+        if "?" in query:  # R3-RAG cuts a query after its question mark
+            query = query[: query.index("?") + 1]
+        if not query:
+            return Step("invalid", text, reason="empty query")
+        return Step("search", text, query=query)
+    return Step("invalid", text, reason=f"no '{R3_QUERY}' or '{R3_ANSWER}' in the step")

@@ -1,51 +1,248 @@
-"""Teachers that write trajectories for the cold start.
+"""Teachers that write trajectories for the cold start, and the checks that accept or reject them.
 
-`oracle`: follows each question's gold hop chain (`metadata.chain`: query, fact, value per
-hop) through the REAL retriever. It writes the queries; whether the retriever finds the
-needed document is checked afterwards, so its acceptance rate measures retrieval too.
+`oracle` follows a question's gold reasoning chain through the REAL retriever. It writes the
+queries; whether the retriever returns the needed document is checked afterwards, so its
+acceptance rate measures retrieval too. The chain comes from the question's metadata:
+
+- `chain` (synthetic world): one query per hop (query, fact, value, doc_id).
+- `question_decomposition` (MuSiQue, via `r3rag import`): each sub-question with the earlier
+  hops' answers filled in for `#k`; the hop's gold paragraph must come back.
+- `supporting_titles` (HotpotQA, 2WikiMultiHopQA): search the question first, then each gold
+  title not retrieved yet, preferring one the documents so far mention (the bridge entity).
+
+Every query must be grounded: a value or title the oracle puts into a query must occur (at least
+half of its content words) in the question or in a document it retrieved earlier, so it never
+uses knowledge a model could not have had.
 
 Usage:
     gen = oracle_generator(questions, protocol)
     trajs = run_rollouts(questions, gen, retriever, protocol, env_cfg)
-    ok, reason = verify_oracle(traj, question)
+    ok, reason = verify(traj, question, protocol, match="exact")   # format, finish, answer
+    ok, reason = verify_evidence(traj, question)                    # oracle: gold docs found, grounded
 """
 
 from __future__ import annotations
 
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable
+
 from r3rag.env import Trajectory
 from r3rag.errors import UserError
 from r3rag.generation.scripted import ScriptedGenerator
-from r3rag.metrics import exact_match
+from r3rag.metrics import cover_match, exact_match
 from r3rag.protocol import Protocol
 
 
+def gold_kind(question: dict) -> str | None:
+    """Which gold chain the question carries (chain, decomposition, titles), or None."""
+    meta = question.get("metadata") or {}
+    if meta.get("chain"):
+        return "chain"
+    if meta.get("question_decomposition") and meta.get("paragraphs"):
+        return "decomposition"
+    if meta.get("supporting_titles"):
+        return "titles"
+    return None
+
+
+def chain_kind(question: dict) -> str:
+    kind = gold_kind(question)
+    if kind is None:
+        raise UserError(f"question {question.get('id')!r}: the oracle teacher needs gold hops in metadata (chain, "
+                        "question_decomposition with paragraphs, or supporting_titles); import real data with "
+                        "`r3rag import`")
+    return kind
+
+
+def oracle_hops(question: dict) -> list[dict]:
+    """The fixed hops of a chain or decomposition: {query, fact, uses, gold: (title, text) or doc_id}."""
+    meta = question["metadata"]
+    if chain_kind(question) == "chain":
+        return [{"query": h["query"], "fact": h["fact"], "doc_id": h["doc_id"],
+                 "uses": [meta["chain"][i - 1]["value"]] if i else []} for i, h in enumerate(meta["chain"])]
+    paras = {p["idx"]: p for p in meta["paragraphs"]}
+    hops, answers = [], []
+    for i, sub in enumerate(meta["question_decomposition"]):
+        refs = [int(k) for k in re.findall(r"#(\d+)", sub["question"])]
+        query = re.sub(r"#(\d+)", lambda m: answers[int(m.group(1)) - 1], sub["question"])
+        query = " ".join(query.replace(">>", " ").split())  # "X >> country" is a relation, not prose
+        para = paras.get(sub["paragraph_support_idx"])
+        if para is None:
+            raise UserError(f"question {question['id']!r}: hop {i + 1} names paragraph "
+                            f"{sub['paragraph_support_idx']} which is not in metadata.paragraphs")
+        hops.append({"query": query, "fact": f"The answer to \"{query}\" is {sub['answer']}.",
+                     "gold": (para["title"], _norm(para["text"])), "uses": [answers[k - 1] for k in refs]})
+        answers.append(sub["answer"])
+    return hops
+
+
 def oracle_generator(questions: list[dict], protocol: Protocol, tokenizer=None) -> ScriptedGenerator:
-    chains = {}
-    for q in questions:
-        chain = q.get("metadata", {}).get("chain")
-        if not chain:
-            raise UserError(f"question {q.get('id')!r}: the oracle teacher needs metadata.chain (gold hops)")
-        chains[str(q["id"])] = (chain, q["golden_answers"][0])
+    plans = {str(q["id"]): (chain_kind(q), q) for q in questions}
+    fixed = {qid: oracle_hops(q) for qid, (kind, q) in plans.items() if kind != "titles"}
 
     def script(traj: Trajectory) -> str:
-        chain, answer = chains[traj.id]
-        hop = traj.model_turn_count()
+        kind, q = plans[traj.id]
+        answer, step = q["golden_answers"][0], traj.model_turn_count() + 1
+        if kind == "titles":
+            return _title_step(traj, q, protocol, step)
+        hops = fixed[traj.id]
         # Restate the fact the previous search found, then take the next hop (or answer).
-        thought = chain[hop - 1]["fact"] if hop > 0 else None
-        if hop < len(chain):
-            return protocol.search_turn(chain[hop]["query"], thought)
-        return protocol.answer_turn(answer, thought)
+        thought = hops[step - 2]["fact"] if step > 1 else None
+        if step <= len(hops):
+            return protocol.search_turn(hops[step - 1]["query"], thought, step)
+        return protocol.answer_turn(answer, thought, step)
 
     return ScriptedGenerator(script, tokenizer)
 
 
-def verify_oracle(traj: Trajectory, question: dict) -> tuple[bool, str]:
-    """Accept only a well-formed, correct chain whose every search retrieved the doc it needed."""
+def _title_step(traj: Trajectory, q: dict, protocol: Protocol, step: int) -> str:
+    """HotpotQA/2Wiki: the question first, then a missing gold title (a mentioned one first), then answer."""
+    titles = q["metadata"]["supporting_titles"]
+    if step == 1:
+        return protocol.search_turn(q["question"], "I start by searching for the question itself.", step)
+    found = {d["title"] for docs in traj.documents for d in docs}
+    missing = [t for t in titles if t not in found]
+    if not missing or step > len(titles) + 1:
+        return protocol.answer_turn(q["golden_answers"][0], f"The documents about {' and '.join(titles)} "
+                                    "give the answer.", step)
+    seen = _words(q["question"] + " " + _seen_text(traj))
+    title = next((t for t in missing if _grounded(t, seen)), missing[0])
+    return protocol.search_turn(title, f"I still need the document about {title}.", step)
+
+
+def verify(traj: Trajectory, question: dict, protocol: Protocol, match: str = "exact") -> tuple[bool, str]:
+    """Any teacher: it answered, every turn is well formed, and the answer matches a gold one."""
+    if traj.finish_reason == "error":
+        kind = (traj.steps[-1].get("reason") or "error").split(":")[0]
+        return False, f"teacher_error:{kind}"
     if traj.finish_reason != "answer":
         return False, f"finish:{traj.finish_reason}"
-    for hop, (step_docs, link) in enumerate(zip(traj.retrieved, question["metadata"]["chain"])):
-        if link["doc_id"] not in step_docs:
-            return False, f"retrieval_miss:hop{hop + 1}"
-    if not exact_match(traj.answer, question["golden_answers"]):
+    if not protocol.is_well_formed([t.text for t in traj.turns if t.role == "model"]):
+        return False, "format"
+    scorer = cover_match if match == "cover" else exact_match
+    if not scorer(traj.answer, question["golden_answers"]):
         return False, "wrong_answer"
     return True, "ok"
+
+
+def verify_evidence(traj: Trajectory, question: dict) -> tuple[bool, str]:
+    """The oracle's searches found every gold document, with queries grounded in what it had seen."""
+    kind = chain_kind(question)
+    if kind == "titles":
+        return _verify_titles(traj, question)
+    hops = oracle_hops(question)
+    for i, hop in enumerate(hops):
+        if i >= len(traj.documents):
+            return False, f"retrieval_miss:hop{i + 1}"
+        seen = _words(question["question"] + " " + _seen_text(traj, upto=i))
+        if not all(_grounded(v, seen) for v in hop["uses"]):
+            return False, f"ungrounded:hop{i + 1}"
+        docs = traj.documents[i]
+        hit = (hop["doc_id"] in [d["id"] for d in docs] if kind == "chain"
+               else hop["gold"] in {(d["title"], _norm(d["text"])) for d in docs})
+        if not hit:
+            return False, f"retrieval_miss:hop{i + 1}"
+    return True, "ok"
+
+
+def _verify_titles(traj: Trajectory, question: dict) -> tuple[bool, str]:
+    titles = question["metadata"]["supporting_titles"]
+    for i, query in enumerate(traj.queries[1:], start=1):  # the first query is the question itself
+        seen = _words(question["question"] + " " + _seen_text(traj, upto=i))
+        if not _grounded(query, seen):
+            return False, f"ungrounded:hop{i + 1}"
+    found = {d["title"] for docs in traj.documents for d in docs}
+    missing = [t for t in titles if t not in found]
+    return (False, f"retrieval_miss:{len(missing)}_of_{len(titles)}") if missing else (True, "ok")
+
+
+def _seen_text(traj: Trajectory, upto: int | None = None) -> str:
+    return " ".join(_norm(d["title"] + " " + d["text"]) for docs in traj.documents[:upto] for d in docs)
+
+
+def _norm(text: str) -> str:
+    return " ".join(text.lower().split())
+
+
+_STOP = {"the", "a", "an", "of", "in", "on", "and", "or", "for", "to", "at", "by", "is", "was", "what", "who"}
+
+
+def _words(text: str) -> set[str]:
+    return set(re.findall(r"\w+", text.lower()))
+
+
+def _grounded(phrase: str, seen: set[str]) -> bool:
+    """At least half the content words of `phrase` (a title without its "(disambiguation)") occur
+    in what was seen: "Richard Nixon" is grounded by "the Nixon administration"."""
+    words = [w for w in _words(re.sub(r"\(.*?\)", " ", phrase)) if w not in _STOP] or list(_words(phrase))
+    return 2 * sum(w in seen for w in words) >= len(words)
+
+
+# ---------------------------------------------------------------- teachers behind one interface
+
+@dataclass
+class Teacher:
+    """`generator(questions, temperature)` makes the generator for one attempt over `questions`."""
+
+    name: str
+    generator: Callable[[list[dict], float], object]
+    tokenizer: object = None
+    deterministic: bool = False  # a retry would write the same trajectory
+    client: object = None
+
+    def usage(self, gen, traj: Trajectory) -> tuple[int, int]:
+        """(tokens in, tokens out) the teacher spent on `traj`."""
+        if isinstance(getattr(gen, "usage", None), dict):
+            return tuple(gen.usage.get(traj.id, (0, 0)))
+        if self.tokenizer is None:
+            return 0, 0
+        context, tokens_in, tokens_out = len(traj.prompt_ids or []), 0, 0
+        for t in traj.turns:
+            if t.role == "model":
+                tokens_in, tokens_out = tokens_in + context, tokens_out + len(t.ids or [])
+            context += len(t.ids or [])
+        return tokens_in, tokens_out
+
+    def close(self) -> None:
+        if self.client is not None:
+            self.client.close()
+
+
+def oracle_teacher(protocol: Protocol) -> Teacher:
+    return Teacher("oracle", lambda qs, temperature: oracle_generator(qs, protocol), deterministic=True)
+
+
+def endpoint_teacher(client, protocol: Protocol, on_result=None) -> Teacher:
+    from r3rag.generation.endpoint import EndpointGenerator
+
+    return Teacher("openai", lambda qs, temperature: EndpointGenerator(client, protocol, temperature,
+                                                                       on_result=on_result), client=client)
+
+
+def hf_teacher(model_path: str, batch_size: int) -> Teacher:
+    """A local transformers model (an `sft`/`rl` artifact directory, a hub id or a path), on GPU if any."""
+    import torch
+
+    from r3rag.generation.hf import HFGenerator
+    from r3rag.modeling import load_model, load_policy, load_tokenizer
+
+    if (Path(model_path) / "policy.json").is_file():
+        model, tokenizer = load_policy(Path(model_path))
+    else:
+        model, tokenizer = load_model(model_path), load_tokenizer(model_path)
+    model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
+    return Teacher("hf", lambda qs, temperature: HFGenerator(model, tokenizer, batch_size, temperature),
+                   tokenizer=tokenizer)
+
+
+def judge_verdicts(client, pairs: list[tuple[Trajectory, dict]]) -> list[bool | None]:
+    """An LLM judge's verdict on each (trajectory, question) answer; None when it gave none."""
+    from r3rag.protocol import judge_prompt, parse_judgement
+
+    if not pairs:
+        return []
+    results = client.chat_many([judge_prompt(q["question"], q["golden_answers"], t.answer or "") for t, q in pairs],
+                               temperature=0.0, max_tokens=256)
+    return [parse_judgement(r.text) if r.ok else None for r in results]

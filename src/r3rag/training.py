@@ -2,6 +2,7 @@
 
 Usage:
     ids, labels = tokenize_trajectory(traj_json, tokenizer)   # labels -100 off model turns
+    samples = tokenize_steps(traj_json, tokenizer)            # [(ids, labels)] one per model turn
     model = maybe_lora(model, LoraSettings(r=16, ...))
     save_policy(model, tokenizer, out_dir, protocol_dict)
 """
@@ -45,6 +46,25 @@ def tokenize_trajectory(row: dict, tokenizer, max_length: int = 0) -> tuple[list
     if max_length and len(ids) > max_length:
         ids, labels = ids[:max_length], labels[:max_length]
     return ids, labels
+
+
+def tokenize_steps(row: dict, tokenizer, max_length: int = 0) -> list[tuple[list[int], list[int]]]:
+    """R3-RAG's view: one sample per model turn, whose prompt is the question, the earlier steps
+    and their documents (no loss) and whose completion is that step (loss; EOS after the last).
+    Too long a sample loses context from the left, never its step."""
+    traj = Trajectory.from_json(row)
+    context = tokenizer.encode(traj.prompt, add_special_tokens=False)
+    last_model = max(i for i, t in enumerate(traj.turns) if t.role == "model")
+    samples = []
+    for i, t in enumerate(traj.turns):
+        ids = tokenizer.encode(t.text, add_special_tokens=False)
+        if t.role == "model":
+            step = ids + ([tokenizer.eos_token_id] if i == last_model else [])
+            keep = context[-(max_length - len(step)):] if max_length and len(context) + len(step) > max_length else context
+            keep = keep if not max_length or len(step) < max_length else []
+            samples.append((keep + step, [IGNORE] * len(keep) + step))
+        context = context + ids
+    return samples
 
 
 @dataclass

@@ -1,7 +1,9 @@
 """`r3rag sft`: supervised cold start on teacher trajectories with TRL's SFTTrainer.
 
 The loss covers only what the model writes: the prompt and every `<information>` span
-(environment turns) get label -100. Start from a tiny model built from a config with a
+(environment turns) get label -100. `view: trajectory` (Search-R1 style) trains on whole
+trajectories; `view: step` (R3-RAG style) makes each step a sample whose prompt holds the
+question, the earlier steps and their documents. Start from a tiny model built from a config with a
 word-level tokenizer trained on the world (`model: tiny`), from the miniature's pretrained
 base model (`base: base:latest`, see `r3rag base`), or from any transformers model id/path,
 with LoRA (`model: Qwen/Qwen2.5-3B`, `lora: true`) or fully. The policy is saved merged.
@@ -10,6 +12,7 @@ Usage:
 
     r3rag sft --set epochs=2 --set lr=5e-4
     r3rag sft --set model=/models/Qwen2.5-0.5B --set lora=true --set lr=1e-4
+    r3rag sft --set view=step
 """
 
 from __future__ import annotations
@@ -23,9 +26,10 @@ from dataclasses import dataclass, field
 from r3rag.errors import UserError
 from r3rag.jsonl import read_jsonl
 from r3rag.stages.common import Context, resolve_inputs, set_threads
-from r3rag.training import LoraSettings, save_policy, tokenize_trajectory
+from r3rag.training import LoraSettings, save_policy, tokenize_steps, tokenize_trajectory
 
 INPUTS = {"data": "synthesize", "world": "world", "base": "base"}
+VIEWS = ("trajectory", "step")
 
 
 @dataclass
@@ -49,6 +53,7 @@ class Config:
     warmup_ratio: float = 0.03
     weight_decay: float = 0.0
     max_length: int = 1024
+    view: str = "trajectory"  # or step: one sample per step (R3-RAG)
     limit: int = 0  # 0 = all trajectories
     bf16: bool | str = "auto"  # true, false or auto (bf16 where supported)
     threads: int = 0
@@ -56,6 +61,8 @@ class Config:
 
 
 def run(cfg: Config, ctx: Context):
+    if cfg.view not in VIEWS:
+        raise UserError(f"sft.view: expected one of {', '.join(VIEWS)}, got {cfg.view!r}")
     fields = {k: v for k, v in INPUTS.items() if getattr(cfg, k)}
     inputs = resolve_inputs(cfg, fields, ctx)
     writer = ctx.writer("sft", cfg, inputs, INPUTS)
@@ -109,7 +116,10 @@ def train_sft(model, tokenizer, rows, cfg: Config, out_dir, ctx: Context) -> dic
     from r3rag.trainers import FastSFTTrainer
     from r3rag.training import device_flags
 
-    encoded = [tokenize_trajectory(r, tokenizer, cfg.max_length) for r in rows]
+    if cfg.view == "step":
+        encoded = [s for r in rows for s in tokenize_steps(r, tokenizer, cfg.max_length)]
+    else:
+        encoded = [tokenize_trajectory(r, tokenizer, cfg.max_length) for r in rows]
     ds = Dataset.from_dict({"input_ids": [e[0] for e in encoded], "labels": [e[1] for e in encoded]})
     args = SFTConfig(
         output_dir=str(out_dir), num_train_epochs=cfg.epochs, per_device_train_batch_size=cfg.batch_size,
@@ -122,7 +132,7 @@ def train_sft(model, tokenizer, rows, cfg: Config, out_dir, ctx: Context) -> dic
     trainer = FastSFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tokenizer)
     result = trainer.train()
     n_tokens = sum(len(e[0]) for e in encoded)
-    return {"model": trainer.model, "train_loss": round(result.training_loss, 4),
+    return {"model": trainer.model, "samples": len(encoded), "train_loss": round(result.training_loss, 4),
             "tokens_per_epoch": n_tokens, "steps": result.global_step,
             "tokens_per_second": round(n_tokens * cfg.epochs / max(result.metrics["train_runtime"], 1e-9), 1),
             "parameters": sum(p.numel() for p in trainer.model.parameters())}

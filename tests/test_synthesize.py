@@ -1,0 +1,222 @@
+"""`r3rag synthesize` with the openai teacher against a real chat server on 127.0.0.1 (faults
+injected), the attempt loop, the LLM judge, resuming after SIGKILL, and the oracle on both protocols."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from r3rag.jsonl import read_jsonl
+from r3rag.pipeline import run_stage
+from r3rag.protocol import Protocol
+from tests.chat_server import ChatServer
+from tests.conftest import TINY_WORLD
+
+SECRET = "sk-test-NEVER-STORED-42"
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    runs = tmp_path_factory.mktemp("synth-runs")
+    run_stage("world", None, [f"{k}={v}" for k, v in TINY_WORLD.items()], runs)
+    run_stage("index", None, [], runs)
+    return runs
+
+
+def train_questions(runs, n):
+    from r3rag.artifacts import resolve
+
+    return read_jsonl(resolve("world:latest", "world", runs).path / "train.jsonl")[:n]
+
+
+def question_of(body) -> str:
+    content = body["messages"][0]["content"]
+    if "The question: " in content:  # r3rag: one message with the whole context
+        return content.split("The question: ")[-1].split("\n")[0]
+    return content.split("Question: ")[-1].strip()
+
+
+class WorldTeacher:
+    """Replies like a good teacher following each question's gold chain, as an API would (stop
+    strings left out). `wrong_greedy` answer wrongly at temperature 0, `wrong` always, `alias`
+    answer "<gold> city" (not an exact match); judge requests get `judge_says`."""
+
+    def __init__(self, questions, protocol="search-r1", wrong_greedy=(), wrong=(), alias=(), judge_says=True):
+        self.by_text = {q["question"]: q for q in questions}
+        self.proto = Protocol(name=protocol)
+        self.wrong_greedy, self.wrong, self.alias, self.judge_says = set(wrong_greedy), set(wrong), set(alias), judge_says
+
+    def __call__(self, body):
+        if body["messages"][0]["content"].startswith("Decide whether a predicted answer"):
+            return f"It names the same place.\nFinal answer: {self.judge_says}"
+        q = self.by_text[question_of(body)]
+        if self.proto.r3:
+            hop = body["messages"][0]["content"].count("The retrieval documents:")
+        else:
+            hop = sum(m["role"] == "assistant" for m in body["messages"])
+        chain = q["metadata"]["chain"]
+        if hop < len(chain):
+            text = self.proto.search_turn(chain[hop]["query"], chain[hop - 1]["fact"] if hop else None, hop + 1)
+            for stop in body.get("stop", []):
+                text = text.split(stop)[0]
+            return text
+        answer = q["golden_answers"][0]
+        if q["id"] in self.wrong or (q["id"] in self.wrong_greedy and body["temperature"] == 0):
+            answer = "Nowhere"
+        elif q["id"] in self.alias:
+            answer += " city"
+        return self.proto.answer_turn(answer, chain[-1]["fact"], hop + 1)
+
+
+def faults_by_question(plan: dict[str, str], always: set[str] = frozenset()):
+    """`plan[question text]` fails that question's first request; `always` fail every time."""
+    fired = set()
+
+    def pick(body):
+        qtext = question_of(body)
+        if qtext in always:
+            return "500"
+        if qtext in plan and qtext not in fired:
+            fired.add(qtext)
+            return plan[qtext]
+        return None
+
+    return pick
+
+
+def openai_overrides(srv, **extra):
+    base = {"teacher": "openai", "base_url": srv.url, "model": "teacher-model", "api_key_env": "R3RAG_TEST_KEY",
+            "timeout": 1.0, "max_retries": 2, "attempts": 2, "concurrency": 8, "template": "minimal",
+            "doc_style": "plain"}
+    return [f"{k}={v}" for k, v in {**base, **extra}.items()]
+
+
+def rows_of(ref):
+    return read_jsonl(ref.path / "trajectories.jsonl"), read_jsonl(ref.path / "rejected.jsonl", allow_empty=True)
+
+
+def test_openai_teacher_with_faults_every_question_once(runs, monkeypatch):
+    monkeypatch.setenv("R3RAG_TEST_KEY", SECRET)
+    qs = train_questions(runs, 14)
+    ids = [q["id"] for q in qs]
+    plan = {qs[i]["question"]: f for i, f in enumerate(["429", "500", "hang", "malformed", "truncated"], start=1)}
+    teacher = WorldTeacher(qs, wrong_greedy={ids[7], ids[8]}, wrong={ids[9]})
+    with ChatServer(reply=teacher, faults=faults_by_question(plan, always={qs[6]["question"]}),
+                    retry_after="0.2", hang_seconds=5) as srv:
+        ref = run_stage("synthesize", None, openai_overrides(srv, limit=14, name="faults"), runs)
+    accepted, rejected = rows_of(ref)
+    assert sorted(r["id"] for r in accepted + rejected) == sorted(ids)  # each exactly once
+    by_id = {r["id"]: r for r in accepted + rejected}
+    for i in (0, 1, 2, 3, 4, 5, 10):  # the faults were retried away
+        assert by_id[ids[i]] in accepted and by_id[ids[i]]["attempt"] == 1, i
+    assert by_id[ids[6]]["reject_reason"] == "teacher_error:http_500"
+    assert [a["reason"] for a in by_id[ids[6]]["attempts"]] == ["teacher_error:http_500"] * 2
+    for i in (7, 8):  # greedy was wrong, the sampled retry was right
+        r = by_id[ids[i]]
+        assert r["attempt"] == 2 and r["rejected_attempts"][0]["reason"] == "wrong_answer"
+    assert by_id[ids[9]]["reject_reason"] == "wrong_answer" and len(by_id[ids[9]]["attempts"]) == 2
+    assert all(r["finish_reason"] == "answer" and r["answer"] in r["golden_answers"] for r in accepted)
+    assert all(r["turns"][0]["text"].rstrip().endswith("</search>") for r in accepted)  # stop string put back
+    m = ref.manifest["metrics"]
+    assert (m["accepted"], m["rejected"]) == (len(accepted), len(rejected)) == (12, 2)
+    assert m["rejected_by_reason"] == {"teacher_error:http_500": 1, "wrong_answer": 1}
+    assert m["accepted_at_attempt"] == {"1": 10, "2": 2} and m["tokens_in"] > 0 and m["tokens_out"] > 0
+    assert srv.requests[0]["headers"]["Authorization"] == f"Bearer {SECRET}"
+    for p in ref.path.rglob("*"):  # the key reaches no artifact file
+        assert SECRET not in p.read_text(), p
+
+
+def test_llm_judge_accepts_a_paraphrase_and_rejects_when_it_says_false(runs, monkeypatch):
+    monkeypatch.setenv("R3RAG_TEST_KEY", SECRET)
+    qs = train_questions(runs, 4)
+    for says, expect in ((True, "ok"), (False, "judge_wrong")):
+        teacher = WorldTeacher(qs, alias={qs[0]["id"]}, judge_says=says)
+        with ChatServer(reply=teacher) as srv:
+            ref = run_stage("synthesize", None, openai_overrides(srv, limit=4, judge="true", attempts=1,
+                                                                 name=f"judge{says}"), runs)
+        accepted, rejected = rows_of(ref)
+        judged = [b for b in srv.bodies() if b["messages"][0]["content"].startswith("Decide")]
+        assert len(judged) == 1 and "city" in judged[0]["messages"][0]["content"]
+        if expect == "ok":
+            assert qs[0]["id"] in {r["id"] for r in accepted} and not rejected
+        else:
+            assert [(r["id"], r["reject_reason"]) for r in rejected] == [(qs[0]["id"], "judge_wrong")]
+
+
+def test_r3rag_protocol_through_the_endpoint(runs, monkeypatch):
+    monkeypatch.setenv("R3RAG_TEST_KEY", SECRET)
+    qs = train_questions(runs, 6)
+    with ChatServer(reply=WorldTeacher(qs, protocol="r3rag")) as srv:
+        ref = run_stage("synthesize", None, openai_overrides(srv, limit=6, protocol="r3rag", name="r3"), runs)
+    accepted, _ = rows_of(ref)
+    assert len(accepted) == 6
+    first = srv.requests[0]["body"]
+    assert first["stop"] == ["The retrieval documents:"] and len(first["messages"]) == 1
+    r = accepted[0]
+    assert r["prompt"].startswith("The question: ")
+    assert r["turns"][0]["text"].startswith("Step 1:\nThe problem analysis:")
+    assert r["turns"][0]["text"].endswith("The retrieval documents:")  # put back after the API cut it
+    assert r["turns"][-1]["text"].startswith(f"Step {len(r['retrieved']) + 1}:")
+    assert json.loads((ref.path / "protocol.json").read_text())["name"] == "r3rag"
+
+
+def test_fatal_endpoint_error_stops_with_one_line(runs, monkeypatch, tmp_path):
+    from tests.cli_helpers import assert_one_line_error, r3rag
+
+    monkeypatch.setenv("R3RAG_TEST_KEY", SECRET)
+    with ChatServer(faults=lambda body: "401") as srv:
+        out = r3rag("synthesize", "--runs-dir", str(runs), *sum((["--set", o] for o in openai_overrides(
+            srv, limit=3, name="fatal")), []))
+    assert_one_line_error(out, "HTTP 401", srv.url)
+    assert SECRET not in out.stderr + out.stdout
+    assert not list((runs / "synthesize").glob("fatal-*"))
+
+
+@pytest.mark.slow  # two CLI processes (~15 s)
+def test_sigkill_midway_then_rerun_gives_the_uninterrupted_set(runs, monkeypatch):
+    monkeypatch.setenv("R3RAG_TEST_KEY", SECRET)
+    qs = train_questions(runs, 40)
+    with ChatServer(reply=WorldTeacher(qs, wrong={qs[3]["id"]}), delay=0.05) as srv:
+        full = run_stage("synthesize", None, openai_overrides(srv, limit=40, batch_size=4, name="full"), runs)
+        args = [sys.executable, "-m", "r3rag.cli", "synthesize", "--runs-dir", str(runs)]
+        for o in openai_overrides(srv, limit=40, batch_size=4, name="killed"):
+            args += ["--set", o]
+        proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        journal = None
+        deadline = time.time() + 60
+        while time.time() < deadline:  # kill once some, not all, questions are journaled
+            found = list((runs / "synthesize").glob(".journal-killed-*.jsonl"))
+            if found and 8 <= len(found[0].read_text().splitlines()) < 40:
+                journal = found[0]
+                break
+            time.sleep(0.02)
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait()
+        assert journal is not None, "the run never reached the middle"
+        done_before = len(journal.read_text().splitlines())
+        assert not list((runs / "synthesize").glob("killed-*"))  # no artifact from a killed run
+        out = subprocess.run(args, capture_output=True, text=True, timeout=120)
+        assert out.returncode == 0, out.stderr
+    from r3rag.artifacts import resolve
+
+    resumed = resolve(out.stdout.strip().splitlines()[-1], "synthesize")
+    assert resumed.manifest["metrics"]["resumed_questions"] >= done_before >= 8
+    assert not journal.exists()  # removed once the artifact is committed
+    (fa, fr), (ra, rr) = rows_of(full), rows_of(resumed)
+    ids = [r["id"] for r in ra + rr]
+    assert len(ids) == len(set(ids)) == 40
+    assert {r["id"] for r in ra} == {r["id"] for r in fa} and {r["id"] for r in rr} == {r["id"] for r in fr}
+
+
+@pytest.mark.parametrize("protocol", ["search-r1", "r3rag"])
+def test_oracle_accepts_at_least_95_percent_of_world_questions(runs, protocol):
+    ref = run_stage("synthesize", None, [f"protocol={protocol}", f"name=oracle-{protocol}"], runs)
+    m = ref.manifest["metrics"]
+    assert m["questions"] >= 50 and m["acceptance_rate"] >= 0.95, m
+    accepted, _ = rows_of(ref)
+    p = Protocol(name=protocol)
+    assert all(p.is_well_formed([t["text"] for t in r["turns"] if t["role"] == "model"]) for r in accepted)
