@@ -70,3 +70,31 @@ def test_masked_tokens_get_no_gradient(tmp_path):
     assert torch.all(grad[targets != IGNORE] > 0)
     n_env = sum(1 for m in rollout_batch([traj], tok.eos_token_id, 512)["env_mask"][0] if m == 0)
     assert n_env > 10  # the test really covers retrieved tokens
+
+
+def test_per_step_view_one_sample_per_step_with_loss_on_that_step_only():
+    from r3rag.training import tokenize_steps
+
+    r3 = Protocol(name="r3rag", doc_style="plain")
+    script = [r3.search_turn("Ava Smith works", step=1), r3.search_turn("Zentro Labs headquartered", step=2),
+              r3.answer_turn("Velmar", step=3)]
+    tok = train_word_tokenizer([d["text"] for d in DOCS] + ["The question : Where is it ?"] + script)
+    gen = ScriptedGenerator(lambda t: script[t.model_turn_count()], tok)
+    traj = run_rollouts([{"id": "q", "question": "Where is it ?"}], gen, BM25Retriever.build(DOCS), r3,
+                        EnvConfig(top_k=1), tok)[0]
+    assert traj.finish_reason == "answer" and len(traj.retrieved) == 2
+    whole, _ = tokenize_trajectory(traj.to_json(), tok)
+    samples = tokenize_steps(traj.to_json(), tok)
+    assert len(samples) == 3
+    model_turns = [t for t in traj.turns if t.role == "model"]
+    for k, ((ids, labels), turn) in enumerate(zip(samples, model_turns)):
+        target = [x for x in labels if x != IGNORE]
+        eos = [tok.eos_token_id] if k == 2 else []
+        assert target == turn.ids + eos  # loss on this step only (EOS after the final one)
+        assert ids == whole[: len(ids)]  # the prompt is the question, earlier steps and their documents
+    docs = tok.encode(traj.turns[1].text, add_special_tokens=False)
+    assert samples[1][0][len(samples[1][0]) - len(model_turns[1].ids) - len(docs):][:len(docs)] == docs
+    n = len(model_turns[2].ids) + 1 + 3  # the last step, its EOS and 3 tokens of context
+    ids, labels = tokenize_steps(traj.to_json(), tok, max_length=n)[2]
+    assert len(ids) == n and ids[3:] == model_turns[2].ids + [tok.eos_token_id] == labels[3:]
+    assert ids[:3] == samples[2][0][-n:-n + 3] and labels[:3] == [IGNORE] * 3

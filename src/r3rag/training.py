@@ -60,8 +60,10 @@ def tokenize_steps(row: dict, tokenizer, max_length: int = 0) -> list[tuple[list
         ids = tokenizer.encode(t.text, add_special_tokens=False)
         if t.role == "model":
             step = ids + ([tokenizer.eos_token_id] if i == last_model else [])
-            keep = context[-(max_length - len(step)):] if max_length and len(context) + len(step) > max_length else context
-            keep = keep if not max_length or len(step) < max_length else []
+            keep = context
+            if max_length and len(context) + len(step) > max_length:
+                room = max_length - len(step)
+                keep, step = (context[-room:], step) if room > 0 else ([], step[:max_length])
             samples.append((keep + step, [IGNORE] * len(keep) + step))
         context = context + ids
     return samples
