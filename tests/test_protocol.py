@@ -94,13 +94,3 @@ def test_teacher_messages_for_both_protocols():
     (only,) = R3.teacher_messages(r)
     assert only["content"].endswith("The question: Who?\n" + R3.search_turn("a") + " d\n")
     assert "Step 2:" in only["content"]
-
-
-def test_judge_prompt_and_verdicts():
-    from r3rag.protocol import judge_prompt, parse_judgement
-
-    (m,) = judge_prompt("Who?", ["Ava", "A. Smith"], "Ava Smith")
-    assert "Reference answers: Ava; A. Smith" in m["content"] and "Predicted answer: Ava Smith" in m["content"]
-    assert parse_judgement("same person\nFinal answer: True") is True
-    assert parse_judgement("Final answer: true... no wait. Final answer: **False**") is False
-    assert parse_judgement("I am not sure") is None

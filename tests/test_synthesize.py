@@ -101,7 +101,7 @@ def test_llm_judge_accepts_a_paraphrase_and_rejects_when_it_says_false(runs, mon
             ref = run_stage("synthesize", None, openai_overrides(srv, limit=4, judge="true", attempts=1,
                                                                  name=f"judge{says}"), runs)
         accepted, rejected = rows_of(ref)
-        judged = [b for b in srv.bodies() if b["messages"][0]["content"].startswith("Decide")]
+        judged = [b for b in srv.bodies() if b["messages"][0]["content"].startswith("You are checking an answer")]
         assert len(judged) == 1 and "city" in judged[0]["messages"][0]["content"]
         if expect == "ok":
             assert qs[0]["id"] in {r["id"] for r in accepted} and not rejected

@@ -28,7 +28,7 @@ class WorldTeacher:
         self.wrong_greedy, self.wrong, self.alias, self.judge_says = set(wrong_greedy), set(wrong), set(alias), judge_says
 
     def __call__(self, body):
-        if body["messages"][0]["content"].startswith("Decide whether a predicted answer"):
+        if body["messages"][0]["content"].startswith("You are checking an answer"):  # r3rag.judge
             return f"It names the same place.\nFinal answer: {self.judge_says}"
         q = self.by_text[question_of(body)]
         if self.proto.r3:

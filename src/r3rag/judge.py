@@ -5,6 +5,8 @@ answer counts as correct without a call; otherwise one judgment at temperature 0
 must end with `Final answer: True` or `Final answer: False` ("uncertain" or anything else counts
 as False). An empty prediction is False without a call. A request that still fails after the
 client's retries raises `JudgeError` naming the endpoint: a judged score is never silently 0.
+With `strict=False` (synthesis, where one question's failure must not stop the run) a failed
+request gives None for that item instead.
 
 Usage:
     judge = AnswerJudge(ChatClient(url, "Qwen2.5-72B-Instruct", concurrency=32))
@@ -60,7 +62,7 @@ class AnswerJudge:
             raise UserError("judge: set judge.model (the judge endpoint's model name)")
         return cls(ChatClient(spec.endpoint, spec.model, api_key_env=spec.api_key_env, concurrency=spec.concurrency))
 
-    def judge_many(self, items: list[tuple[str, list[str], str | None]]) -> list[bool]:
+    def judge_many(self, items: list[tuple[str, list[str], str | None]], strict: bool = True) -> list[bool | None]:
         verdicts: list[bool | None] = []
         asks, where = [], []
         for i, (question, golds, prediction) in enumerate(items):
@@ -76,7 +78,9 @@ class AnswerJudge:
         results = self.client.chat_many(asks, temperature=0.0) if asks else []
         for i, r in zip(where, results):
             if not r.ok:
-                raise JudgeError(f"judge endpoint {self.client.url}: {r.kind}: {r.error}")
+                if strict or r.fatal:
+                    raise JudgeError(f"judge endpoint {self.client.url}: {r.kind}: {r.error}")
+                continue  # stays None
             verdicts[i] = parse_verdict(r.text)
         self.calls += len(asks)
         return verdicts  # type: ignore[return-value]

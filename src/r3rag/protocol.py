@@ -14,7 +14,7 @@ Two protocols (`Protocol(name=...)`):
 
 Teachers behind a chat API get their prompt here too (`teacher_messages`): the full
 instruction whatever the student's template, and `close_turn` puts back the stop string an
-API cut off. So does an LLM judge (`judge_prompt`, `parse_judgement`).
+API cut off.
 
 Usage:
     proto = Protocol(template="minimal", doc_style="plain")      # or Protocol(name="r3rag")
@@ -65,15 +65,6 @@ R3RAG_TEACHER_INSTRUCTION = (
     "or\nStep {k}:\nThe problem analysis: <analysis>\nThe final answer: <answer>\n\n{context}"
 )
 
-JUDGE_PROMPT = (
-    "Decide whether a predicted answer to a question is correct, given the reference answers. It is correct "
-    "if it means the same as one of the reference answers (an alias, other wording or extra detail is fine); it "
-    "is wrong if it names a different entity, number or date, or hedges between several.\n\n"
-    "Question: {question}\nReference answers: {golds}\nPredicted answer: {prediction}\n\n"
-    "Reply with one line of analysis, then a last line that is exactly 'Final answer: True' or "
-    "'Final answer: False'."
-)
-_JUDGEMENT = re.compile(r"final answer\s*:\s*\**\s*(true|false)", re.I)
 
 _BLOCK = {kind: re.compile(re.escape(o) + r"(.*?)" + re.escape(c), re.S)
           for kind, o, c in (("search", SEARCH_OPEN, SEARCH_CLOSE), ("answer", ANSWER_OPEN, ANSWER_CLOSE))}
@@ -212,7 +203,7 @@ class Protocol:
                       for t in model_texts)
         return bool(steps) and tags_ok and all(s.kind != "invalid" for s in steps) and steps[-1].kind == "answer"
 
-    # ---------------------------------------------------------------- teachers and judges behind a chat API
+    # ---------------------------------------------------------------- teachers behind a chat API
 
     def teacher_messages(self, traj) -> list[dict]:
         """Chat messages asking a teacher for the next turn of `traj` (an env.Trajectory).
@@ -230,28 +221,16 @@ class Protocol:
         return messages
 
     def close_turn(self, text: str) -> str:
-        """A turn an API stopped at a stop string, with that string put back (APIs leave it out)."""
-        text = text.rstrip()
+        """A turn an API stopped at a stop string, with that string put back (APIs leave it out):
+        the last opened action tag closed, or an r3rag query step ended with its documents marker."""
         if self.r3:
-            step = _parse_r3_step(text)
-            return text + f"\n{R3_DOCS}" if step.kind == "search" and not text.endswith(R3_DOCS) else text
+            if _parse_r3_step(text).kind == "search" and not text.rstrip().endswith(R3_DOCS):
+                return text.rstrip() + f"\n{R3_DOCS}"
+            return text
         for open_, close in ((SEARCH_OPEN, SEARCH_CLOSE), (ANSWER_OPEN, ANSWER_CLOSE)):
             if open_ in text and close not in text[text.rindex(open_):]:
-                return text + f" {close}"
+                return text.rstrip() + f" {close}"
         return text
-
-
-def judge_prompt(question: str, golden_answers: list[str], prediction: str) -> list[dict]:
-    """Chat messages asking an LLM judge whether `prediction` answers `question` correctly."""
-    golds = "; ".join(golden_answers)
-    return [{"role": "user", "content": JUDGE_PROMPT.format(question=question.strip(), golds=golds,
-                                                            prediction=prediction.strip())}]
-
-
-def parse_judgement(text: str) -> bool | None:
-    """The judge's verdict (its last 'Final answer: True|False'), or None when it gave none."""
-    found = _JUDGEMENT.findall(text)
-    return found[-1].lower() == "true" if found else None
 
 
 def _parse_r3_step(text: str) -> Step:

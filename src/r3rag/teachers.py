@@ -215,10 +215,11 @@ def oracle_teacher(protocol: Protocol) -> Teacher:
 
 
 def endpoint_teacher(client, protocol: Protocol, on_result=None) -> Teacher:
-    from r3rag.generation.endpoint import EndpointGenerator
+    """An OpenAI-compatible endpoint; a request that fails for good fails that attempt only."""
+    from r3rag.generation.openai_chat import ChatGenerator
 
-    return Teacher("openai", lambda qs, temperature: EndpointGenerator(client, protocol, temperature,
-                                                                       on_result=on_result), client=client)
+    return Teacher("openai", lambda qs, temperature: ChatGenerator(
+        client, protocol, temperature, teacher=True, on_failure="record", on_result=on_result), client=client)
 
 
 def hf_teacher(model_path: str, batch_size: int) -> Teacher:
@@ -235,14 +236,3 @@ def hf_teacher(model_path: str, batch_size: int) -> Teacher:
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
     return Teacher("hf", lambda qs, temperature: HFGenerator(model, tokenizer, batch_size, temperature),
                    tokenizer=tokenizer)
-
-
-def judge_verdicts(client, pairs: list[tuple[Trajectory, dict]]) -> list[bool | None]:
-    """An LLM judge's verdict on each (trajectory, question) answer; None when it gave none."""
-    from r3rag.protocol import judge_prompt, parse_judgement
-
-    if not pairs:
-        return []
-    results = client.chat_many([judge_prompt(q["question"], q["golden_answers"], t.answer or "") for t, q in pairs],
-                               temperature=0.0, max_tokens=256)
-    return [parse_judgement(r.text) if r.ok else None for r in results]

@@ -3,5 +3,5 @@
 - `HFGenerator`: a local transformers model, batched, left-padded, stopping per row on
   the protocol's stop strings.
 - `ScriptedGenerator`: replays fixed texts (tests) or follows a script function (the oracle teacher).
-- `EndpointGenerator`: an OpenAI-compatible chat endpoint (teachers, vLLM servers), many requests in flight.
+- `ChatGenerator` (openai_chat): an OpenAI-compatible chat endpoint, as a policy or a teacher.
 """

@@ -8,21 +8,29 @@ closing tag the reply left open is put back (`</search>` or `</answer>`). All co
 turn go out concurrently (the client's `concurrency`).
 
 A request that still fails after the client's retries stops the run with a one-line error
-naming the endpoint (`EndpointError`): an evaluation or a teacher never silently scores a
-failed request as a wrong answer. Callers that want per-question failures catch it per batch
-or use `ChatClient.chat_many` directly.
+naming the endpoint (`EndpointError`): an evaluation never silently scores a failed request as
+a wrong answer. A teacher (`on_failure="record"`) instead ends that trajectory with
+`finish_reason="error"` and the failure's kind, so one question fails, not the run; a fatal
+failure (401/403/404: wrong key, URL or model) still stops it.
+
+`teacher=True` asks with the protocol's teacher prompt (`Protocol.teacher_messages`: the full
+instruction whatever the student's template; for `r3rag`, one message holding the context so
+far, as R3-RAG prompts its teacher). `usage[trajectory id]` sums [prompt, completion] tokens.
 
 Usage:
     client = ChatClient("http://127.0.0.1:8000/v1", "Qwen2.5-7B-Instruct", concurrency=32)
     gen = ChatGenerator(client, protocol, temperature=0.0)
     trajs = run_rollouts(questions, gen, retriever, protocol, EnvConfig(mode="iterative"))
+    teacher = ChatGenerator(client, protocol, 0.9, teacher=True, on_failure="record")
 """
 
 from __future__ import annotations
 
 from r3rag.env import Generated, Trajectory
 from r3rag.errors import UserError
-from r3rag.protocol import ANSWER_CLOSE, ANSWER_OPEN, SEARCH_CLOSE, SEARCH_OPEN, Protocol
+from collections import defaultdict
+
+from r3rag.protocol import ANSWER_OPEN, Protocol
 
 
 class EndpointError(UserError):
@@ -30,26 +38,39 @@ class EndpointError(UserError):
 
 
 class ChatGenerator:
-    def __init__(self, client, protocol: Protocol, temperature: float = 0.0, seed: int | None = None):
+    def __init__(self, client, protocol: Protocol, temperature: float = 0.0, seed: int | None = None,
+                 teacher: bool = False, on_failure: str = "raise", on_result=None):
         self.client, self.protocol = client, protocol
         self.temperature, self.seed = temperature, seed
+        self.teacher, self.on_failure, self.on_result = teacher, on_failure, on_result
         self.completion_tokens = 0
+        self.usage: dict[str, list[int]] = defaultdict(lambda: [0, 0])
 
     def generate(self, contexts: list[Trajectory], stop: tuple[str, ...], max_new_tokens: int) -> list[Generated]:
-        params = {"temperature": self.temperature, "max_tokens": max_new_tokens, "stop": list(stop)}
+        # The API answers one turn per request, so it gets the protocol's API stops (not the loop's).
+        params = {"temperature": self.temperature, "max_tokens": max_new_tokens,
+                  "stop": list(self.protocol.api_stop_strings())}
         if self.seed is not None:
             params["seed"] = self.seed
-        results = self.client.chat_many([self.messages(t) for t in contexts], **params)
+        results = self.client.chat_many([self.messages(t) for t in contexts], on_result=self.on_result, **params)
         out = []
         for traj, r in zip(contexts, results):
             if not r.ok:
-                raise EndpointError(f"endpoint {self.client.url}: question {traj.id}: {r.kind}: {r.error}")
+                if self.on_failure == "raise" or r.fatal:
+                    raise EndpointError(f"endpoint {self.client.url}: question {traj.id}: {r.kind}: {r.error}")
+                out.append(Generated("", None, "error", error=f"{r.kind}: {r.error}"))
+                continue
             self.completion_tokens += r.completion_tokens
-            text = self._answer_prefilled(traj, close_open_tag(r.text))
-            out.append(Generated(text, None, "length" if r.finish_reason == "length" else "stop"))
+            self.usage[traj.id][0] += r.prompt_tokens
+            self.usage[traj.id][1] += r.completion_tokens
+            length = r.finish_reason == "length"  # cut by max_tokens: nothing to put back
+            text = self._answer_prefilled(traj, r.text if length else self.protocol.close_turn(r.text))
+            out.append(Generated(text, None, "length" if length else "stop"))
         return out
 
     def messages(self, traj: Trajectory) -> list[dict]:
+        if self.teacher:
+            return self.protocol.teacher_messages(traj)
         msgs = [{"role": "user", "content": self.protocol.prompt(traj.question)}]
         for turn in traj.turns:
             role = "assistant" if turn.role == "model" else "user"
@@ -71,8 +92,4 @@ class ChatGenerator:
 
 def close_open_tag(text: str) -> str:
     """Put back the stop string the server dropped: the last opened action tag, if unclosed."""
-    for open_tag, close_tag in ((SEARCH_OPEN, SEARCH_CLOSE), (ANSWER_OPEN, ANSWER_CLOSE)):
-        at = text.rfind(open_tag)
-        if at >= 0 and close_tag not in text[at:]:
-            return text.rstrip() + f" {close_tag}"
-    return text
+    return Protocol().close_turn(text)

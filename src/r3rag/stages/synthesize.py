@@ -48,6 +48,7 @@ from dataclasses import dataclass
 from r3rag.env import EnvConfig, run_rollouts
 from r3rag.errors import UserError
 from r3rag.journal import Journal
+from r3rag.judge import AnswerJudge
 from r3rag.jsonl import read_jsonl, write_jsonl
 from r3rag.protocol import PROTOCOLS, Protocol
 from r3rag.retrieval import is_url, open_retriever
@@ -185,7 +186,7 @@ def _synthesize(cfg: Config, ctx: Context, sources, protocol: Protocol, journal:
         if len(journal.done) >= total:  # a rerun after the last question was journaled
             return
         teacher = _teacher(cfg, protocol, on_result=lambda i, r: progress.advance(calls))
-        judge = _judge_client(cfg, teacher) if cfg.judge else None
+        judge = AnswerJudge(_judge_client(cfg, teacher)) if cfg.judge else None
         try:
             for source, qs, retriever in sources:
                 todo = [q for q in qs if q["id"] not in journal.done]
@@ -195,8 +196,8 @@ def _synthesize(cfg: Config, ctx: Context, sources, protocol: Protocol, journal:
                         progress.advance(task)
         finally:
             teacher.close()
-            if judge is not None and judge is not teacher.client:
-                judge.close()
+            if judge is not None and judge.client is not teacher.client:
+                judge.client.close()
 
 
 def attempt_loop(batch: list[dict], teacher, retriever, protocol: Protocol, cfg: Config, judge=None):
@@ -240,7 +241,8 @@ def _verdicts(trajs, questions, teacher, protocol: Protocol, cfg: Config, judge)
         verdicts.append((ok, reason))
     if judge is not None:  # ask the judge only about answers that did not match
         asks = [i for i, (ok, reason) in enumerate(verdicts) if reason == "wrong_answer"]
-        said = teachers.judge_verdicts(judge, [(trajs[i], questions[i]) for i in asks])
+        said = judge.judge_many([(questions[i]["question"], questions[i]["golden_answers"], trajs[i].answer)
+                                 for i in asks], strict=False)
         for i, verdict in zip(asks, said):
             verdicts[i] = (True, "ok") if verdict else (False, "judge_error" if verdict is None else "judge_wrong")
     return verdicts
