@@ -50,7 +50,7 @@ def tokenize_trajectory(row: dict, tokenizer, max_length: int = 0) -> tuple[list
 
 def tokenize_steps(row: dict, tokenizer, max_length: int = 0) -> list[tuple[list[int], list[int]]]:
     """R3-RAG's view: one sample per model turn, whose prompt is the question, the earlier steps
-    and their documents (no loss) and whose completion is that step (loss; EOS after the last).
+    and their documents (no loss) and whose completion is that step (loss; EOS after a final answer).
     Too long a sample loses context from the left, never its step."""
     traj = Trajectory.from_json(row)
     context = tokenizer.encode(traj.prompt, add_special_tokens=False)
@@ -59,7 +59,7 @@ def tokenize_steps(row: dict, tokenizer, max_length: int = 0) -> list[tuple[list
     for i, t in enumerate(traj.turns):
         ids = tokenizer.encode(t.text, add_special_tokens=False)
         if t.role == "model":
-            step = ids + ([tokenizer.eos_token_id] if i == last_model else [])
+            step = ids + ([tokenizer.eos_token_id] if i == last_model and traj.finish_reason == "answer" else [])
             keep = context
             if max_length and len(context) + len(step) > max_length:
                 room = max_length - len(step)
