@@ -225,7 +225,9 @@ def test_eval_through_the_server_matches_in_process(pipeline_runs, tmp_path):
                 f"world={refs['world'].path}", f"sft={refs['sft'].path}", f"rl={refs['rl'].path}"]
         ref = run_stage("eval", None, sets, tmp_path / "runs")  # a fresh runs dir: nothing to reuse
     remote = json.loads((ref.path / "metrics.json").read_text())["systems"]
-    assert remote == local
+    timing = ("seconds", "questions_per_s")  # wall-clock figures differ from run to run
+    strip = lambda systems: {s: {k: v for k, v in m.items() if k not in timing} for s, m in systems.items()}  # noqa: E731
+    assert strip(remote) == strip(local)
     assert ref.manifest["config"]["retriever"] == url and "index" not in ref.manifest["inputs"]
 
 
