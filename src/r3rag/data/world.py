@@ -32,7 +32,8 @@ import random
 import string
 from dataclasses import dataclass
 
-__all__ = ["WorldConfig", "World", "generate_world", "world_vocabulary", "fresh_world_config", "chain_names"]
+__all__ = ["WorldConfig", "World", "generate_world", "world_vocabulary", "fresh_world_config", "chain_names",
+           "world_config_from"]
 
 # ---------------------------------------------------------------------------
 # Templates.  Placeholders are named after the relation keyword they hold, so
@@ -581,6 +582,11 @@ def generate_world(config: WorldConfig) -> World:
     rng.shuffle(train)
     rng.shuffle(test)
     return World(config=config, docs=docs, train=train, test=test)
+
+
+def world_config_from(saved: dict) -> WorldConfig:
+    """The WorldConfig inside a saved config (a world artifact's manifest), other keys ignored."""
+    return WorldConfig(**{k: saved[k] for k in WorldConfig.__dataclass_fields__ if k in saved})
 
 
 def fresh_world_config(base: WorldConfig, i: int, clusters: int = 0) -> WorldConfig:

@@ -80,10 +80,9 @@ def run(cfg: Config, ctx: Context):
 
 def corpus_texts(cfg: Config, world_ref) -> list[str]:
     """Documents (and question texts) of fresh worlds, minus anything naming a held-out entity."""
-    from r3rag.data.world import WorldConfig, chain_names, fresh_world_config, generate_world
+    from r3rag.data.world import chain_names, fresh_world_config, generate_world, world_config_from
 
-    saved = world_ref.manifest["config"]
-    eval_cfg = WorldConfig(**{k: saved[k] for k in WorldConfig.__dataclass_fields__ if k in saved})
+    eval_cfg = world_config_from(world_ref.manifest["config"])
     held_out = chain_names(read_jsonl(world_ref.path / "test.jsonl"))
     texts = []
     for i in range(cfg.worlds):

@@ -320,21 +320,18 @@ def _stats(rows: list[dict], n_extra: int, resumed: int, wall: float) -> dict:
 
 def _extra_worlds(cfg: Config, inputs):
     """(source, questions, retriever) for freshly generated worlds, test entities excluded."""
-    from r3rag.data.world import WorldConfig, generate_world
+    from r3rag.data.world import chain_names, fresh_world_config, generate_world, world_config_from
     from r3rag.retrieval.bm25 import BM25Retriever
 
-    world_cfg = inputs["world"].manifest["config"]
-    base = WorldConfig(**{k: world_cfg[k] for k in WorldConfig.__dataclass_fields__ if k in world_cfg})
+    base = world_config_from(inputs["world"].manifest["config"])
     index_settings = json.loads((inputs["index"].path / "index" / "settings.json").read_text())
     if index_settings["backend"] != "bm25":
         raise UserError("synthesize.extra_worlds: needs a bm25 index (its settings are reused per world)")
-    held_out = _chain_names(read_jsonl(inputs["world"].path / "test.jsonl"))
+    held_out = chain_names(read_jsonl(inputs["world"].path / "test.jsonl"))
     rng = random.Random(cfg.seed)
     for i in range(cfg.extra_worlds):
-        seed = base.seed * 100_003 + 7_919 * (i + 1)  # disjoint from the evaluation world's seed
-        size = {"n_clusters": cfg.extra_world_clusters, "test_clusters": 0} if cfg.extra_world_clusters else {}
-        world = generate_world(WorldConfig(**{**base.__dict__, "seed": seed, **size}))
-        pool = [q for q in world.train + world.test if not (_chain_names([q]) & held_out)]
+        world = generate_world(fresh_world_config(base, i, cfg.extra_world_clusters))
+        pool = [q for q in world.train + world.test if not (chain_names([q]) & held_out)]
         qs = rng.sample(pool, min(cfg.extra_questions_per_world, len(pool)))
         for q in qs:
             q["id"] = f"w{i}-{q['id']}"
@@ -344,13 +341,3 @@ def _extra_worlds(cfg: Config, inputs):
         yield f"extra{i}", qs, retriever
 
 
-def _chain_names(questions: list[dict]) -> set[str]:
-    """People, companies and universities a question's chain passes through. These names
-    have two words; cities, countries and years (one word) are shared geography."""
-    names = set()
-    for q in questions:
-        chain = q.get("metadata", {}).get("chain", [])
-        if chain:
-            names.add(" ".join(chain[0]["fact"].split()[:2]))  # the subject
-        names.update(hop["value"] for hop in chain)
-    return {n for n in names if len(n.split()) == 2}
