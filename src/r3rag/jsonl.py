@@ -69,6 +69,20 @@ def iter_numbered(path: str | Path, required: tuple[str, ...] = ()) -> Iterator[
             yield lineno, row
 
 
+def unique_by_id(records: Iterable[tuple[str, dict]], limit: int = 0) -> list[dict]:
+    """(where, record) pairs -> the records, stopping after `limit` (0 = all); a repeated `id`
+    is an error naming both lines (`where` is "file:line")."""
+    out, seen = [], {}
+    for where, rec in records:
+        if rec["id"] in seen:
+            raise UserError(f"{where}: duplicate id {rec['id']!r} (first on line {seen[rec['id']].rsplit(':', 1)[-1]})")
+        seen[rec["id"]] = where
+        out.append(rec)
+        if limit and len(out) >= limit:
+            break
+    return out
+
+
 def read_jsonl(path: str | Path, required: tuple[str, ...] = (), allow_empty: bool = False) -> list[dict]:
     rows = list(iter_jsonl(path, required))
     if not rows and not allow_empty:

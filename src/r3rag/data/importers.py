@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Iterable, Iterator
 
 from r3rag.errors import UserError
-from r3rag.jsonl import expect_object, parse_line
+from r3rag.jsonl import expect_object, parse_line, unique_by_id
 
 FORMATS = ("auto", "hotpotqa", "2wiki", "musique", "flashrag")
 _DATASET = {"hotpotqa": "hotpotqa", "2wiki": "2wikimultihopqa", "musique": "musique"}
@@ -293,18 +293,15 @@ def import_questions(path: str | Path, fmt: str = "auto", limit: int = 0) -> tup
         raise UserError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     if limit < 0:
         raise UserError(f"--limit {limit}: must be 0 (all) or more")
-    out, seen = [], {}
-    for lineno, row in iter_records(path):
-        where = f"{path}:{lineno}"
-        if fmt == "auto":
-            fmt = detect_format(row, where)
-        q = convert_record(row, fmt, where)
-        if q["id"] in seen:
-            raise UserError(f"{where}: duplicate id {q['id']!r} (first on line {seen[q['id']]})")
-        seen[q["id"]] = lineno
-        out.append(q)
-        if limit and len(out) >= limit:
-            break
+    def converted():
+        nonlocal fmt
+        for lineno, row in iter_records(path):
+            where = f"{path}:{lineno}"
+            if fmt == "auto":
+                fmt = detect_format(row, where)
+            yield where, convert_record(row, fmt, where)
+
+    out = unique_by_id(converted(), limit)
     if not out:
         raise UserError(f"{path}: no records")
     return out, fmt

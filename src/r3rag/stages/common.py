@@ -23,7 +23,7 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from r3rag.artifacts import ArtifactRef, ArtifactWriter, default_runs_dir, file_sha256, resolve
 from r3rag.errors import UserError
-from r3rag.jsonl import parse_line
+from r3rag.jsonl import iter_numbered, unique_by_id
 
 FILE = "file"  # an input that is a plain file, recorded by its content hash, not an artifact
 
@@ -77,23 +77,7 @@ def load_questions(path: str | Path, limit: int = 0) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise UserError(f"{path}: questions file not found")
-    out, seen = [], {}
-    with open(path, "rb") as f:
-        for lineno, raw in enumerate(f, start=1):
-            where = f"{path}:{lineno}"
-            try:
-                row = parse_line(raw.decode("utf-8"), where)
-            except UnicodeDecodeError:
-                raise UserError(f"{where}: not valid UTF-8") from None
-            if row is None:
-                continue
-            q = _question(row, where)
-            if q["id"] in seen:
-                raise UserError(f"{where}: duplicate id {q['id']!r} (first on line {seen[q['id']]})")
-            seen[q["id"]] = lineno
-            out.append(q)
-            if limit and len(out) >= limit:
-                break
+    out = unique_by_id(((f"{path}:{n}", _question(row, f"{path}:{n}")) for n, row in iter_numbered(path)), limit)
     if not out:
         raise UserError(f"{path}: no questions (the file is empty)")
     return out
