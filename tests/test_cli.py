@@ -78,3 +78,15 @@ def test_run_dry_run_validates_and_writes_nothing(tmp_path):
     assert_one_line_error(out, "sft.lr", "expected a number")
     out = r3rag("run", "pipelines/demo.yaml", "--dry-run", "--set", "eval.systems=[foo]", cwd=ROOT)
     assert_one_line_error(out, "unknown system 'foo'")
+
+
+@pytest.mark.parametrize("name", ["search-r1-qwen2.5-3b.yaml", "r3rag-qwen2.5-7b.yaml"])
+def test_real_model_recipes_dry_run(name, tmp_path):
+    """The GPU recipes validate end to end without their models, corpora or a GPU."""
+    from r3rag.pipeline import plan_pipeline
+
+    plan = plan_pipeline(ROOT / "pipelines" / name, [], tmp_path / "runs")
+    stages = [row["stage"] for row in plan]
+    assert "rl" in stages and "index" in stages
+    assert "Qwen/Qwen2.5" in str(plan)
+    assert not (tmp_path / "runs").exists()
