@@ -10,7 +10,7 @@ SET ?=
 RUN := $(R3RAG) run $(PIPELINE) --set world.seed=$(SEED) $(SET)
 STAGE_ARGS := --config $(PIPELINE) --set seed=$(SEED)
 
-.PHONY: install test test-fast demo world index synthesize sft rl eval report report-demo serve-retriever runs clean
+.PHONY: install test test-fast demo world index synthesize base sft rl eval report report-demo serve-retriever runs clean
 
 install: $(VENV)/.installed
 
@@ -32,7 +32,7 @@ demo: install
 # One target per stage, each reading the pipeline's config for that stage.
 world: install
 	$(R3RAG) world --config $(PIPELINE) --set seed=$(SEED)
-index synthesize sft rl eval: install
+index synthesize base sft rl eval: install
 	$(R3RAG) $@ --config $(PIPELINE)
 
 report: install
