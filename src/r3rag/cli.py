@@ -230,6 +230,7 @@ def serve_retriever_cmd(
         port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8000,
         max_batch: Annotated[int, typer.Option("--max-batch", help="Most queries one request may send.")] = 512,
         max_topk: Annotated[int, typer.Option("--max-topk", help="Largest topk a request may ask for.")] = 100,
+        header_timeout: Annotated[float, typer.Option("--header-timeout", help="Seconds a connection has to send a request's headers (and its body), else it is closed.")] = 10.0,
         runs_dir: RunsOpt = None, debug: DebugOpt = False):
     """Serve an index over HTTP (Search-R1's `POST /retrieve`, plus `GET /health`), batching concurrent requests.
 
@@ -240,10 +241,11 @@ def serve_retriever_cmd(
         from r3rag.artifacts import resolve
         from r3rag.retrieval.server import serve
 
-        if max_batch < 1 or max_topk < 1:
-            raise UserError("serve-retriever: --max-batch and --max-topk must be at least 1")
+        if max_batch < 1 or max_topk < 1 or header_timeout <= 0:
+            raise UserError("serve-retriever: --max-batch and --max-topk must be at least 1, --header-timeout above 0")
         art = resolve(index, "index", runs_dir)
-        serve(art.path / "index", host=host, port=port, max_batch=max_batch, max_topk=max_topk)
+        serve(art.path / "index", host=host, port=port, max_batch=max_batch, max_topk=max_topk,
+              header_timeout=header_timeout, body_timeout=header_timeout)
 
     _guard(go, debug)
 

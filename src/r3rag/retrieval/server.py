@@ -6,8 +6,11 @@
     GET  /health    -> {"status": "ok", "docs": n, "backend": "bm25", "max_batch": ..., ...}
 
 Bad input is always a 4xx with {"detail": message}: malformed JSON (400), a body over
-`max_body_bytes` (413), and for the fields (422) empty or non-list `queries`, a non-string
-or over-long query, a batch over `max_batch`, `topk` outside 1..`max_topk`.
+`max_body_bytes` (413), a body not received within `body_timeout` (408), and for the fields
+(422) empty or non-list `queries`, a non-string or over-long query, a batch over `max_batch`,
+`topk` outside 1..`max_topk`. Slow clients: a connection that has not sent a request's headers
+`header_timeout` s after opening (or after its previous response) is closed, so idle or
+byte-by-byte ("slow loris") connections cannot pile up; idle keep-alive connections close after 5 s.
 
 Batching. Retrievers are fastest on big batches (bm25s scores a whole batch in one sparse
 product), and a trainer's rollouts send many small concurrent requests. So request
@@ -31,6 +34,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import socket
 import sys
 import threading
@@ -40,6 +44,7 @@ from pathlib import Path
 
 import orjson
 from fastapi import FastAPI
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 DEFAULT_TOPK = 3  # Search-R1's retrieval_topk when a request gives none
 
@@ -120,7 +125,8 @@ class Batcher:
 
 
 def make_app(retriever, max_batch: int = 512, max_topk: int = 100, max_query_chars: int = 2000,
-             max_body_bytes: int | None = None, window_s: float = 0.003, batch_queries: int = 1024) -> FastAPI:
+             max_body_bytes: int | None = None, window_s: float = 0.003, batch_queries: int = 1024,
+             body_timeout: float = 10.0) -> FastAPI:
     """The FastAPI app; `max_body_bytes` defaults to what max_batch maximal queries can need."""
     if max_body_bytes is None:
         max_body_bytes = max_batch * (6 * max_query_chars + 8) + 4096  # a char is at most 6 bytes escaped
@@ -150,7 +156,7 @@ def make_app(retriever, max_batch: int = 512, max_topk: int = 100, max_query_cha
         encoders cost more per request than the JSON work itself (see the module docstring)."""
         batcher.arriving += 1
         try:
-            body = _parse_json(await _read_body(scope, receive, max_body_bytes))
+            body = _parse_json(await _read_body(scope, receive, max_body_bytes, body_timeout))
             queries, topk, with_scores = _validate(body, **limits)
         except BadRequest as e:
             return await _send_json(send, e.status, {"detail": e.detail})
@@ -197,15 +203,24 @@ def _orjson_default(obj):
 
 async def _send_json(send, status: int, obj) -> None:
     body = orjson.dumps(obj, default=_orjson_default)
-    await send({"type": "http.response.start", "status": status,
-                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
+    if status in (408, 413):  # the request body was not read to its end: the connection cannot be reused
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-async def _read_body(scope, receive, max_bytes: int) -> bytes:
+async def _read_body(scope, receive, max_bytes: int, timeout: float) -> bytes:
     for name, value in scope["headers"]:
         if name == b"content-length" and value.isdigit() and int(value) > max_bytes:
             raise BadRequest(413, f"request body of {value.decode()} bytes is over the limit of {max_bytes}")
+    try:  # a client that trickles its body (slow loris) does not hold a handler forever
+        return await asyncio.wait_for(_receive_body(receive, max_bytes), timeout)
+    except TimeoutError:
+        raise BadRequest(408, f"request body not received within {timeout:g} s") from None
+
+
+async def _receive_body(receive, max_bytes: int) -> bytes:
     chunks, size, more = [], 0, True
     while more:  # counted as it streams: chunked bodies have no length
         message = await receive()
@@ -253,7 +268,7 @@ def _validate(body, max_batch: int, max_topk: int, max_query_chars: int) -> tupl
 
 
 def serve(index_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning",
-          **limits) -> None:
+          header_timeout: float = 10.0, **limits) -> None:
     """Load the index in `index_dir` and serve it until interrupted."""
     import uvicorn
 
@@ -264,17 +279,68 @@ def serve(index_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, log_
     app = make_app(retriever, **limits)
     print(f"serving {index_dir} ({len(getattr(retriever, 'docs', []))} docs) at http://{host}:{port} "
           "(Ctrl-C stops)", file=sys.stderr, flush=True)
-    uvicorn.Server(uvicorn.Config(app, log_level=log_level, access_log=False, proxy_headers=False)).run(sockets=[sock])
+    uvicorn.Server(_config(app, log_level, header_timeout)).run(sockets=[sock])
+
+
+def _config(app, log_level: str, header_timeout: float):
+    import uvicorn
+
+    return uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on", proxy_headers=False,
+                          http=functools.partial(_GuardedH11, header_timeout=header_timeout), timeout_keep_alive=5)
+
+
+class _GuardedH11(H11Protocol):
+    """uvicorn's h11 protocol, plus a deadline: a connection must deliver each request's headers
+    within `header_timeout` s of opening (or of the previous response), else it is closed. uvicorn
+    has no such timeout: a client that connects and sends nothing, or sends its headers a byte at
+    a time (slow loris), would hold its connection forever."""
+
+    def __init__(self, *args, header_timeout: float = 10.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.header_timeout = header_timeout
+        self._deadline: asyncio.TimerHandle | None = None
+        self._waiting_since = None  # the cycle current when the deadline was armed (None: a new connection)
+
+    def connection_made(self, transport):
+        super().connection_made(transport)
+        self._arm()
+
+    def handle_events(self):
+        super().handle_events()
+        if self.cycle is not None and self.cycle is not self._waiting_since:  # headers are in
+            self._disarm()
+
+    def on_response_complete(self):
+        self._arm()  # before super(): it may start a pipelined request at once
+        super().on_response_complete()
+
+    def connection_lost(self, exc):
+        self._disarm()
+        super().connection_lost(exc)
+
+    def _arm(self):
+        self._disarm()
+        self._waiting_since = self.cycle
+        self._deadline = self.loop.call_later(self.header_timeout, self._expire)
+
+    def _disarm(self):
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expire(self):
+        self._deadline = None
+        if not self.transport.is_closing():
+            self.transport.close()
 
 
 @contextlib.contextmanager
-def running(app: FastAPI, host: str = "127.0.0.1", port: int = 0):
+def running(app: FastAPI, host: str = "127.0.0.1", port: int = 0, header_timeout: float = 10.0):
     """Serve `app` from a background thread; yields its base URL and stops it on exit."""
     import uvicorn
 
     sock = _bind(host, port)  # bound here so the port (0 = any free one) is known before serving
-    server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False, lifespan="on",
-                                                proxy_headers=False))
+    server = uvicorn.Server(_config(app, "warning", header_timeout))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
