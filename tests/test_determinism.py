@@ -11,8 +11,7 @@ import pytest
 from r3rag.pipeline import run_stage
 from tests.conftest import TINY_WORLD
 
-SFT = ["layers=1", "hidden=32", "heads=2", "intermediate=64", "epochs=1", "batch_size=16", "lr=1e-2", "bf16=false",
-       "threads=1"]
+SFT = ["layers=1", "hidden=32", "heads=2", "intermediate=64", "epochs=1", "batch_size=16", "lr=1e-2", "bf16=false"]
 EVAL = ["systems=[sft,tt]", "models.tt.scripted=top-title", "rl=", "limit=12", "max_turns=3", "max_new_tokens=16"]
 
 
