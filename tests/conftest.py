@@ -51,3 +51,14 @@ def pipeline_runs(tmp_path_factory):
                                         "max_turns=3", "max_new_tokens=16"], runs)
     refs["eval"] = run_stage("eval", None, ["limit=12", "max_turns=3", "max_new_tokens=16"], runs)
     return runs, refs
+
+
+@pytest.fixture(scope="module")
+def world_index_runs(tmp_path_factory):
+    """A runs dir with a tiny world and its BM25 index (no model: seconds), one per test module."""
+    from r3rag.pipeline import run_stage
+
+    runs = tmp_path_factory.mktemp("world_index") / "runs"
+    run_stage("world", None, [f"{k}={v}" for k, v in TINY_WORLD.items()], runs)
+    run_stage("index", None, [], runs)
+    return runs

@@ -18,18 +18,14 @@ from r3rag.pipeline import run_stage
 from r3rag.retrieval import load_retriever
 from r3rag.retrieval.server import make_app, running
 from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
-from tests.conftest import TINY_WORLD
 
 # a scripted system (search the question, answer the top title): no model, deterministic
 EVAL = ["systems=[tt]", "models.tt.scripted=top-title", "sft=", "rl=", "limit=24", "batch_size=1"]  # 6 chunks of 4: 6 searches
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("faults") / "runs"
-    run_stage("world", None, [f"{k}={v}" for k, v in TINY_WORLD.items()], runs)
-    run_stage("index", None, [], runs)
-    return runs
+def runs(world_index_runs):
+    return world_index_runs
 
 
 def free_port() -> int:

@@ -12,9 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from r3rag.pipeline import run_stage
 from tests.chat_server import ChatServer
-from tests.conftest import TINY_WORLD
 
 KEY_ENV = "R3RAG_TEST_SECRET_KEY"
 KEY = "sk-r3rag-Zq8vN3xK7pL2mW9tR4yB6cD1"
@@ -39,11 +37,8 @@ def cli(runs: Path, *sets: str, flags: tuple = ()):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("secrets") / "runs"
-    run_stage("world", None, [f"{k}={v}" for k, v in TINY_WORLD.items()], runs)
-    run_stage("index", None, [], runs)
-    return runs
+def runs(world_index_runs):
+    return world_index_runs
 
 
 def policy(body):

@@ -29,13 +29,11 @@ def free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory):
+def server(world_index_runs):
+    from r3rag.artifacts import list_artifacts
     from r3rag.data.world import WorldConfig, generate_world
-    from r3rag.pipeline import run_stage
 
-    runs = tmp_path_factory.mktemp("load") / "runs"
-    run_stage("world", None, [f"{k}={v}" for k, v in TINY_WORLD.items()], runs)
-    index = run_stage("index", None, [], runs)
+    index = list_artifacts(world_index_runs, "index")[0]
     port = free_port()
     proc = subprocess.Popen([sys.executable, "-m", "r3rag.cli", "serve-retriever", "--index", str(index.path),
                              "--port", str(port), "--header-timeout", str(DEADLINE)],
