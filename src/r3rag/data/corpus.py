@@ -9,7 +9,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from r3rag.errors import UserError
-from r3rag.jsonl import iter_numbered
+from r3rag.jsonl import iter_numbered, unique_by_id
 
 
 def normalize_doc(row: dict, where: str) -> dict:
@@ -32,13 +32,7 @@ def normalize_doc(row: dict, where: str) -> dict:
 
 
 def load_corpus(path: str | Path) -> list[dict]:
-    docs, seen = [], {}
-    for lineno, row in iter_numbered(path):  # real line numbers, blank lines included
-        doc = normalize_doc(row, f"{path}:{lineno}")
-        if doc["id"] in seen:
-            raise UserError(f"{path}:{lineno}: duplicate id {doc['id']!r} (first on line {seen[doc['id']]})")
-        seen[doc["id"]] = lineno
-        docs.append(doc)
+    docs = unique_by_id((f"{path}:{n}", normalize_doc(row, f"{path}:{n}")) for n, row in iter_numbered(path))
     if not docs:
         raise UserError(f"{path}: corpus is empty")
     return docs

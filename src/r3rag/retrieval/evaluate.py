@@ -20,24 +20,25 @@ from __future__ import annotations
 from pathlib import Path
 
 from r3rag.errors import UserError
-from r3rag.jsonl import iter_numbered
+from r3rag.jsonl import iter_numbered, unique_by_id
 from r3rag.metrics import normalize_answer
 from r3rag.protocol import Hit
 
 
 def load_hop_queries(path: str | Path) -> dict[str, list[str]]:
     """{question id: [query, ...]} from JSONL rows `{"id", "queries"}`; errors name file:line."""
-    out, seen = {}, {}
-    for lineno, row in iter_numbered(path, required=("id", "queries")):
-        where, qid, queries = f"{path}:{lineno}", str(row["id"]), row["queries"]
-        if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
-            raise UserError(f"{where}: field 'queries' must be a list of strings")
-        if qid in seen:
-            raise UserError(f"{where}: duplicate id {qid!r} (first on line {seen[qid]})")
-        seen[qid], out[qid] = lineno, queries
-    if not out:
+    rows = unique_by_id((f"{path}:{n}", _hops_row(row, f"{path}:{n}"))
+                        for n, row in iter_numbered(path, required=("id", "queries")))
+    if not rows:
         raise UserError(f"{path}: file is empty")
-    return out
+    return {r["id"]: r["queries"] for r in rows}
+
+
+def _hops_row(row: dict, where: str) -> dict:
+    queries = row["queries"]
+    if not isinstance(queries, list) or not all(isinstance(q, str) for q in queries):
+        raise UserError(f"{where}: field 'queries' must be a list of strings")
+    return {"id": str(row["id"]), "queries": queries}
 
 
 def gold_titles(question: dict) -> set[str]:
