@@ -6,7 +6,7 @@ is listed as an artifact, and running again completes.
   a watcher lists the runs dir all along and verifies every listed artifact against its manifest.
 - Disk full: an injected ENOSPC at every point of a stage's writes, and a real tiny tmpfs when
   this machine lets us mount one.
-(Resuming: synthesis resume without duplicates is tests/test_synthesize*.py, RL resume from its
+(Resuming: synthesis killed and rerun without duplicates is tests/test_synthesize.py, RL resume from its
 last checkpoint is tests/test_rl.py.)
 """
 
