@@ -41,8 +41,8 @@ from r3rag.errors import UserError
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
-# errors that mean "could not write here" (disk full, quota, read-only, file too big, denied)
-WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG, errno.EACCES}
+# errors that mean "could not write here": disk full, quota, read-only, file too big
+WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 _HOST = socket.gethostname().replace("/", "_") or "host"
 LIBRARIES = ("torch", "transformers", "trl", "peft", "accelerate", "bm25s", "tokenizers", "numpy")
 

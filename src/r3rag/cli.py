@@ -10,6 +10,7 @@ Usage:
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 from pathlib import Path
@@ -43,7 +44,7 @@ def _guard(fn, debug: bool):
     try:
         return fn()
     except (UserError, OSError) as e:
-        if debug or (isinstance(e, OSError) and e.errno not in WRITE_ERRNOS):
+        if debug or (isinstance(e, OSError) and e.errno not in WRITE_ERRNOS | {errno.EACCES}):
             raise
         msg = str(e) if isinstance(e, UserError) else f"{e.filename or 'write'}: {e.strerror or e}"
         Console(stderr=True).print(f"[bold red]error:[/bold red] {escape(msg)}", highlight=False, soft_wrap=True)
