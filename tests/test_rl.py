@@ -212,3 +212,10 @@ def test_two_processes_on_cpu_each_roll_out_their_share(pipeline_runs, tmp_path)
     assert {r["rank"] for r in rollouts} == {0, 1}
     assert {(r["step"], r["rank"]) for r in rollouts} == {(1, 0), (1, 1), (2, 0), (2, 1)}
     assert [r["step"] for r in read_jsonl(art / "metrics.jsonl")] == [1, 2]
+
+
+def test_rl_manifest_seconds_cover_training(pipeline_runs):
+    """`seconds` (what eval's per-stage table shows) counts training, not only publishing."""
+    _, refs = pipeline_runs
+    m = refs["rl"].manifest
+    assert m["seconds"] >= m["metrics"]["train_seconds"] > 0

@@ -133,6 +133,7 @@ def run(cfg: Config, ctx: Context):
         state.wait_for_everyone()  # the main process publishes
         return ArtifactRef("rl", writer.id, writer.final, load_manifest(writer.final) or {})
     with writer:
+        writer.started = t0  # the manifest's `seconds` covers training, not only publishing
         _publish(work, writer.dir, tokenizer, protocol_dict, base, cfg)
         writer.metrics.update(summarize(read_jsonl(writer.dir / "metrics.jsonl", allow_empty=True)))
         writer.metrics.update({"train_seconds": round(time.time() - t0, 1), "processes": state.num_processes,
