@@ -218,4 +218,4 @@ def test_rl_manifest_seconds_cover_training(pipeline_runs):
     """`seconds` (what eval's per-stage table shows) counts training, not only publishing."""
     _, refs = pipeline_runs
     m = refs["rl"].manifest
-    assert m["seconds"] >= m["metrics"]["train_seconds"] > 0
+    assert m["seconds"] >= m["metrics"]["train_seconds"] - 0.05 > 0  # train_seconds is rounded to 0.1 s
