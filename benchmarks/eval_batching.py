@@ -16,16 +16,12 @@ from __future__ import annotations
 import argparse
 import json
 import time
-from pathlib import Path
 
-import torch
 
-from r3rag.data.world import WorldConfig, generate_world
 from r3rag.env import EnvConfig, run_rollouts
 from r3rag.generation.hf import HFGenerator
-from r3rag.retrieval.bm25 import BM25Retriever
 
-from policy import load_or_make_policy  # benchmarks/policy.py
+from policy import setup  # benchmarks/policy.py
 
 
 def timed(questions, gen, retriever, protocol, tok) -> tuple[float, list]:
@@ -40,11 +36,7 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=128)  # eval's default batch size
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    world = generate_world(WorldConfig(seed=123))
-    questions = world.test[: args.n]
-    retriever = BM25Retriever.build(world.docs)
-    model, tok, protocol, source = load_or_make_policy(args.policy)
+    questions, retriever, model, tok, protocol, source = setup(args.policy, args.n, args.threads)
     batched_s, b_trajs = timed(questions, HFGenerator(model, tok, batch_size=args.n), retriever, protocol, tok)
     seq_s, s_trajs = timed(questions, HFGenerator(model, tok, batch_size=1), retriever, protocol, tok)
     same = sum(a.answer == b.answer for a, b in zip(b_trajs, s_trajs))

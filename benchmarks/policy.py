@@ -1,8 +1,8 @@
 """The policy the generation benchmarks run: the newest `runs/sft` artifact, or a random tiny model.
 
 Usage (from a benchmark script in this folder):
-    from policy import load_or_make_policy
-    model, tokenizer, protocol, source = load_or_make_policy(args.policy)
+    from policy import load_or_make_policy, setup
+    questions, retriever, model, tokenizer, protocol, source = setup(args.policy, n=32, threads=1)
 """
 
 from __future__ import annotations
@@ -28,3 +28,15 @@ def load_or_make_policy(policy: str | None):
         return model, tok, Protocol(**load_protocol_dict(Path(policy))), policy
     tok = train_word_tokenizer([" ".join(world_vocabulary()), "Question :"])
     return tiny_model(tok).eval(), tok, Protocol(template="minimal", doc_style="plain"), "random tiny model"
+
+
+def setup(policy: str | None, n: int, threads: int):
+    """n held-out questions of a fixed world (seed 123), its BM25 index, and the policy."""
+    import torch
+
+    from r3rag.data.world import WorldConfig, generate_world
+    from r3rag.retrieval.bm25 import BM25Retriever
+
+    torch.set_num_threads(threads)
+    world = generate_world(WorldConfig(seed=123))
+    return (world.test[:n], BM25Retriever.build(world.docs), *load_or_make_policy(policy))

@@ -27,12 +27,10 @@ import time
 
 import torch
 
-from r3rag.data.world import WorldConfig, generate_world
 from r3rag.env import EnvConfig, run_rollouts
 from r3rag.generation.hf import HFGenerator
-from r3rag.retrieval.bm25 import BM25Retriever
 
-from policy import load_or_make_policy  # benchmarks/policy.py
+from policy import setup  # benchmarks/policy.py
 
 
 def rollouts(questions, gen, retriever, protocol, tok) -> tuple[float, list]:
@@ -62,11 +60,7 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=1)
     ap.add_argument("--no-reuse-cache", action="store_true", help="re-encode the context every turn")
     args = ap.parse_args()
-    torch.set_num_threads(args.threads)
-    world = generate_world(WorldConfig(seed=123))
-    questions = world.test[: args.n]
-    retriever = BM25Retriever.build(world.docs)
-    model, tok, protocol, source = load_or_make_policy(args.policy)
+    questions, retriever, model, tok, protocol, source = setup(args.policy, args.n, args.threads)
     rollouts(questions[:4], HFGenerator(model, tok, batch_size=4, reuse_cache=not args.no_reuse_cache), retriever, protocol, tok)  # warm up
     # best of 3 for the fast measurements (noise on a shared machine); the slow one runs once
     t_env, trajs = min((rollouts(questions, HFGenerator(model, tok, batch_size=args.n, reuse_cache=not args.no_reuse_cache), retriever, protocol, tok)
