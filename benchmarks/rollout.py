@@ -28,7 +28,7 @@ import time
 import torch
 
 from r3rag.env import EnvConfig, run_rollouts
-from r3rag.generation.hf import HFGenerator
+from r3rag.generation.hf import HFGenerator, left_pad
 
 from policy import setup  # benchmarks/policy.py
 
@@ -41,12 +41,7 @@ def rollouts(questions, gen, retriever, protocol, tok) -> tuple[float, list]:
 
 @torch.no_grad()
 def plain_generate(model, tok, prompts: list[list[int]], new_tokens: int) -> float:
-    width = max(len(p) for p in prompts)
-    ids = torch.full((len(prompts), width), tok.pad_token_id, dtype=torch.long)
-    mask = torch.zeros_like(ids)
-    for r, p in enumerate(prompts):
-        ids[r, width - len(p):] = torch.tensor(p)
-        mask[r, width - len(p):] = 1
+    ids, mask = left_pad(prompts, tok.pad_token_id)
     t0 = time.perf_counter()
     model.generate(input_ids=ids, attention_mask=mask, min_new_tokens=new_tokens, max_new_tokens=new_tokens,
                    do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)

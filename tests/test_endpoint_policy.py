@@ -3,7 +3,7 @@
 import pytest
 
 from r3rag.env import EnvConfig, run_rollouts
-from r3rag.generation.openai_chat import ChatGenerator, EndpointError, close_open_tag
+from r3rag.generation.openai_chat import ChatGenerator, EndpointError
 from r3rag.judge import AnswerJudge, JudgeError, parse_verdict
 from r3rag.llm.openai_client import ChatClient
 from r3rag.protocol import Hit, Protocol
@@ -61,7 +61,8 @@ def test_a_failed_request_stops_with_the_endpoint_named():
                          EnvConfig())
 
 
-def test_close_open_tag():
+def test_close_turn_puts_back_the_dropped_stop_string():
+    close_open_tag = Protocol().close_turn
     assert close_open_tag("<search> a b") == "<search> a b </search>"
     assert close_open_tag("<search> a </search> then <answer> x") == "<search> a </search> then <answer> x </answer>"
     assert close_open_tag("<answer> x </answer>") == "<answer> x </answer>"

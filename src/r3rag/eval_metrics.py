@@ -19,6 +19,7 @@ from rich.table import Table
 
 from r3rag.artifacts import ArtifactRef, load_manifest
 from r3rag.metrics import bootstrap_ci, cover_match, exact_match, f1_score
+from r3rag.stages.common import FILE
 
 
 def to_prediction(system: str, traj, q: dict, sample: int = 0) -> dict:
@@ -90,12 +91,12 @@ def _breakdown(rows: list[dict], key: str) -> dict:
 def stage_seconds(inputs: dict[str, ArtifactRef]) -> dict:
     """Wall seconds of every upstream stage, found by walking the input manifests."""
     seconds: dict[str, float] = {}
-    todo = [r for r in inputs.values() if r.stage != "file"]
+    todo = [r for r in inputs.values() if r.stage != FILE]
     while todo:
         ref = todo.pop()
         seconds.setdefault(ref.stage, ref.manifest.get("seconds", 0.0))
         for inp in ref.manifest.get("inputs", {}).values():
-            m = load_manifest(Path(inp["path"])) if inp.get("stage") != "file" else None
+            m = load_manifest(Path(inp["path"])) if inp.get("stage") != FILE else None
             if m:
                 todo.append(ArtifactRef(inp["stage"], inp["id"], Path(inp["path"]), m))
     order = ("world", "index", "synthesize", "sft", "rl")

@@ -22,7 +22,7 @@ from r3rag.artifacts import ArtifactRef, default_runs_dir, list_artifacts
 from r3rag.config import build_config, load_yaml, parse_overrides
 from r3rag.errors import UserError
 from r3rag.stages import STAGE_ORDER
-from r3rag.stages.common import Context
+from r3rag.stages.common import FILE, Context
 
 TOP_LEVEL = {"name", "stages", *STAGE_ORDER}
 
@@ -62,14 +62,20 @@ def run_stage(stage: str, config_path: Path | None, overrides: list[str], runs_d
     return module.run(cfg, ctx)
 
 
-def run_pipeline(path: Path, overrides: list[str], runs_dir: Path | None) -> ArtifactRef:
-    data = _load_pipeline(path)
+def _pipeline_stages(data: dict, path: Path) -> list[str]:
+    """The stages a pipeline runs, in order: its `stages` list, else every stage section present."""
     stages = data.get("stages") or [s for s in STAGE_ORDER if s in data]
     if not stages:
         raise UserError(f"{path}: no stages (give a section per stage, e.g. `world: {{}}`, or a `stages` list)")
     bad = [s for s in stages if s not in STAGE_ORDER]
     if bad:
         raise UserError(f"{path}: unknown stage {bad[0]!r} in stages (known: {', '.join(STAGE_ORDER)})")
+    return stages
+
+
+def run_pipeline(path: Path, overrides: list[str], runs_dir: Path | None) -> ArtifactRef:
+    data = _load_pipeline(path)
+    stages = _pipeline_stages(data, path)
     per_stage = _split_overrides(overrides, stages)
     bound: dict[str, ArtifactRef] = {}
     ref = None
@@ -86,10 +92,7 @@ def plan_pipeline(path: Path, overrides: list[str], runs_dir: Path | None) -> li
     import dataclasses
 
     data = _load_pipeline(path)
-    stages = data.get("stages") or [s for s in STAGE_ORDER if s in data]
-    bad = [s for s in stages if s not in STAGE_ORDER]
-    if bad:
-        raise UserError(f"{path}: unknown stage {bad[0]!r} in stages (known: {', '.join(STAGE_ORDER)})")
+    stages = _pipeline_stages(data, path)
     per_stage = _split_overrides(overrides, stages)
     runs_dir = Path(runs_dir) if runs_dir else default_runs_dir()
     plan = []
@@ -113,7 +116,7 @@ def _plan_input(value: str, src: str, earlier: list[str], runs_dir: Path) -> str
 
     if value == f"{src}:latest" and src in earlier:
         return f"this run's {src}"
-    if src == "file":
+    if src == FILE:
         return value if Path(value).is_file() else f"{value} (missing: needed at run time)"
     try:
         return str(resolve(value, src, runs_dir, verify=False).path)

@@ -47,6 +47,17 @@ class _StopOnStrings(StoppingCriteria):
         return torch.tensor([any(s in t for s in self.stops) for t in tails], device=input_ids.device)
 
 
+def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input ids, attention mask), left padded so every row continues at the same position."""
+    width = max(len(s) for s in seqs)
+    input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
+    mask = torch.zeros((len(seqs), width), dtype=torch.long)
+    for r, s in enumerate(seqs):
+        input_ids[r, width - len(s):] = torch.tensor(s, dtype=torch.long)
+        mask[r, width - len(s):] = 1
+    return input_ids, mask
+
+
 class HFGenerator:
     """`reuse_cache`: keep each trajectory's KV cache between turns (see prefix_cache.py), so a
     turn encodes only the tokens the environment added; the answers are those of a full
@@ -83,9 +94,7 @@ class HFGenerator:
         if plan is not None:
             input_ids, attention, cache = plan.input_ids, plan.mask, plan.cache
         else:
-            input_ids, attention, cache = self._left_padded(seqs), None, None
-            attention = (torch.arange(input_ids.shape[1]) >= (input_ids.shape[1] - torch.tensor(
-                [len(s) for s in seqs])).unsqueeze(1)).long()
+            (input_ids, attention), cache = left_pad(seqs, self.pad_id), None
         width = input_ids.shape[1]
         sample = self.temperature > 0
         out = self.model.generate(
@@ -103,14 +112,6 @@ class HFGenerator:
             self.store.save(keys, seqs, attention, out_cache, [g.ids for g in results],
                             out.sequences.shape[1] - width)
         return results
-
-    def _left_padded(self, seqs: list[list[int]]) -> torch.Tensor:
-        """Left padding, so every row continues at the same position."""
-        width = max(len(s) for s in seqs)
-        input_ids = torch.full((len(seqs), width), self.pad_id, dtype=torch.long)
-        for r, s in enumerate(seqs):
-            input_ids[r, width - len(s):] = torch.tensor(s, dtype=torch.long)
-        return input_ids
 
     def _cut(self, gen: list[int], stop: tuple[str, ...], stop_ids: list[int] | None) -> Generated:
         eos = self.tokenizer.eos_token_id

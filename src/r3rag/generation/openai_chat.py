@@ -88,8 +88,3 @@ class ChatGenerator:
             if stripped.startswith(ANSWER_OPEN):
                 return stripped[len(ANSWER_OPEN):]
         return text
-
-
-def close_open_tag(text: str) -> str:
-    """Put back the stop string the server dropped: the last opened action tag, if unclosed."""
-    return Protocol().close_turn(text)

@@ -62,10 +62,9 @@ class PrefixCacheStore:
         b = len(seqs)
         input_ids = torch.full((b, lc + ln), self.pad_id, dtype=torch.long)
         mask = torch.zeros((b, lc + ln), dtype=torch.long)
-        for r, (s, n) in enumerate(zip(seqs, lens)):
+        for r, (s, n) in enumerate(zip(seqs, lens)):  # the cached columns' ids are never fed: pads stay
             new = s[n:]
             mask[r, lc - n: lc] = 1
-            input_ids[r, lc - n: lc] = torch.tensor(s[:n], dtype=torch.long) if n else input_ids[r, lc - n: lc]
             input_ids[r, lc + ln - len(new):] = torch.tensor(new, dtype=torch.long)
             mask[r, lc + ln - len(new):] = 1
         ref = next(c for c in cached if c)[1]

@@ -77,9 +77,12 @@ class Config:
 
 
 def run(cfg: Config, ctx: Context):
+    validate(cfg)
     specs = system_specs(cfg)
     inputs = resolve_inputs(cfg, needed_inputs(cfg, specs), ctx)
-    policies = {label: resolve_policy(s.model, ctx) for label, s in specs.items()
+    # Built-ins name the sft/rl inputs, resolved (and content-hashed) above: not again here.
+    resolved = {getattr(cfg, f): inputs[f] for f in ("sft", "rl") if f in inputs}
+    policies = {label: resolved.get(s.model) or resolve_policy(s.model, ctx) for label, s in specs.items()
                 if s.model and not s.endpoint and is_policy_artifact(s.model)}
     retrievers = retriever_refs(cfg, inputs, ctx)
     all_inputs = {**inputs, **{f"model:{k}": v for k, v in policies.items() if k not in BUILTINS},
@@ -204,8 +207,6 @@ def evaluate_system(system: System, questions: list[dict], retriever, cfg: Confi
     """Prediction rows (one per question and sample) and the wall seconds they took."""
     env_cfg = EnvConfig(mode=system.mode, top_k=cfg.top_k, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens)
     n_samples = cfg.n_samples if cfg.temperature > 0 else 1
-    if n_samples < 1:
-        raise UserError("eval.n_samples: must be at least 1")
     rows, chunk = [], cfg.batch_size * 4
     t0 = time.perf_counter()
     with ctx.progress() as progress:
