@@ -53,6 +53,18 @@ def test_eos_is_learned_after_an_answer_masked_otherwise_and_kept_under_a_budget
     assert ids[:-1] == right.completion()[0][:9]
 
 
+def test_unmasked_ablation_puts_retrieved_tokens_in_the_loss_and_keeps_the_eos_rule():
+    tok = _tokenizer()
+    right, lost = _rollouts(tok, RIGHT), _rollouts(tok, LOST)
+    masked = rollout_batch([right, lost], tok.eos_token_id, 512)
+    unmasked = rollout_batch([right, lost], tok.eos_token_id, 512, mask_retrieved=False)
+    assert unmasked["completion_ids"] == masked["completion_ids"]
+    for m_on, m_off in zip(masked["env_mask"], unmasked["env_mask"]):
+        assert 0 in m_on[:-1] and set(m_off[:-1]) == {1}  # retrieved tokens: masked, then trained on
+        assert m_off[-1] == m_on[-1]  # EOS learned only after an answer, either way
+    assert [m[-1] for m in unmasked["env_mask"]] == [1, 0]
+
+
 def test_grpo_loss_gives_retrieved_tokens_exactly_zero_gradient(tmp_path):
     """Through TRL's GRPOTrainer: the hidden state that predicts an environment token (or the
     masked EOS of a trajectory without an answer) gets exactly zero gradient; model tokens do not."""

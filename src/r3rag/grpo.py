@@ -42,9 +42,14 @@ class Timed:
         return self._time(self.inner.search, queries, k)
 
 
-def rollout_batch(trajs: list[Trajectory], eos_id: int, max_completion_tokens: int) -> dict:
-    """TRL's rollout dict: ids and env_mask from the one span rule shared with SFT."""
+def rollout_batch(trajs: list[Trajectory], eos_id: int, max_completion_tokens: int,
+                  mask_retrieved: bool = True) -> dict:
+    """TRL's rollout dict: ids and env_mask from the one span rule shared with SFT.
+    `mask_retrieved=False` is Search-R1's ablation: retrieved tokens get loss like model tokens
+    (the final EOS keeps its own rule: learned only after an answer)."""
     pairs = [completion_with_eos(t, eos_id, max_completion_tokens) for t in trajs]
+    if not mask_retrieved:
+        pairs = [(ids, [1] * (len(mask) - 1) + mask[-1:]) for ids, mask in pairs]
     return {
         "prompt_ids": [t.prompt_ids for t in trajs], "completion_ids": [p[0] for p in pairs], "logprobs": None,
         "env_mask": [p[1] for p in pairs], "pred_answer": [t.answer for t in trajs],
@@ -72,7 +77,8 @@ def make_rollout_func(questions: list[dict], retriever, protocol: Protocol, toke
                   "reward": time.perf_counter() - t1}
         if sampler is not None:
             sampler.add(trainer.state.global_step + 1, trajs, examples, scores)
-        return {**rollout_batch(trajs, tokenizer.eos_token_id, cfg.max_completion_tokens), "scores": scores,
+        batch = rollout_batch(trajs, tokenizer.eos_token_id, cfg.max_completion_tokens, cfg.mask_retrieved)
+        return {**batch, "scores": scores,
                 "timing": timing}
 
     return rollout_func

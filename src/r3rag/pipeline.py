@@ -3,6 +3,7 @@
 A pipeline YAML has a top-level `name`, an optional `stages` list (default: every stage
 section present, in pipeline order) and one section per stage. Within `run`, an input
 written as `<stage>:latest` is bound to the artifact that stage produced in this run.
+A pipeline with `variants` and a `table` is an experiment: see r3rag.experiment.
 
 Usage:
     run_stage("sft", Path("pipelines/demo.yaml"), ["epochs=2"], runs_dir=None)
@@ -24,7 +25,7 @@ from r3rag.errors import UserError
 from r3rag.stages import STAGE_ORDER
 from r3rag.stages.common import FILE, Context
 
-TOP_LEVEL = {"name", "stages", *STAGE_ORDER}
+TOP_LEVEL = {"name", "stages", "variants", "table", *STAGE_ORDER}
 
 
 def _stage_module(stage: str):
@@ -75,25 +76,40 @@ def _pipeline_stages(data: dict, path: Path) -> list[str]:
 
 def run_pipeline(path: Path, overrides: list[str], runs_dir: Path | None) -> ArtifactRef:
     data = _load_pipeline(path)
+    if "variants" in data or "table" in data:
+        from r3rag.experiment import run_experiment
+
+        return run_experiment(path, data, overrides, runs_dir)
     stages = _pipeline_stages(data, path)
-    per_stage = _split_overrides(overrides, stages)
+    return run_stages(path, data, stages, _split_overrides(overrides, stages), runs_dir)[stages[-1]]
+
+
+def run_stages(path: Path, data: dict, stages: list[str], per_stage: dict[str, list[str]],
+               runs_dir: Path | None) -> dict[str, ArtifactRef]:
+    """Run `stages` in order; returns each stage's artifact (bound as the next ones' `:latest`)."""
     bound: dict[str, ArtifactRef] = {}
-    ref = None
     for stage in stages:
-        ref = run_stage(stage, path, per_stage[stage], runs_dir, bound=bound, data=data)
-        bound[stage] = ref
-    return ref
+        bound[stage] = run_stage(stage, path, per_stage[stage], runs_dir, bound=bound, data=data)
+    return bound
 
 
 def plan_pipeline(path: Path, overrides: list[str], runs_dir: Path | None) -> list[dict]:
     """Validate every stage's config (keys, types, stage checks) and say where each input comes
     from, without loading data or weights. Inputs that do not exist yet are listed, not errors:
     a recipe is planned on a machine that has neither its corpus nor its models."""
+    data = _load_pipeline(path)
+    if "variants" in data or "table" in data:
+        from r3rag.experiment import plan_experiment
+
+        return plan_experiment(path, data, overrides, runs_dir)
+    stages = _pipeline_stages(data, path)
+    return plan_stages(path, data, stages, _split_overrides(overrides, stages), runs_dir)
+
+
+def plan_stages(path: Path, data: dict, stages: list[str], per_stage: dict[str, list[str]],
+                runs_dir: Path | None) -> list[dict]:
     import dataclasses
 
-    data = _load_pipeline(path)
-    stages = _pipeline_stages(data, path)
-    per_stage = _split_overrides(overrides, stages)
     runs_dir = Path(runs_dir) if runs_dir else default_runs_dir()
     plan = []
     for i, stage in enumerate(stages):
@@ -154,8 +170,8 @@ def list_runs(stage: str | None, runs_dir: Path | None) -> None:
     from rich.console import Console
 
     runs_dir = Path(runs_dir) if runs_dir else default_runs_dir()
-    if stage and stage not in STAGE_ORDER:
-        raise UserError(f"unknown stage {stage!r} (known: {', '.join(STAGE_ORDER)})")
+    if stage and stage not in (*STAGE_ORDER, "table"):
+        raise UserError(f"unknown stage {stage!r} (known: {', '.join(STAGE_ORDER)}, table)")
     table = Table(title=f"artifacts in {runs_dir}")
     for col in ("stage", "id", "finished", "seconds", "key metrics"):
         table.add_column(col)

@@ -1,0 +1,169 @@
+"""Experiments: one pipeline file, several variants of it, one results table.
+
+A pipeline with `variants` and `table` sections (pipelines/replicate.yaml) runs the pipeline
+once per variant, in order, each with its own `stages` list (default: the pipeline's) and `set`
+overrides (`<stage>.<key>=value`), then builds the table from the variants' eval metrics.
+Variants share every artifact whose config and inputs are equal, so a variant only trains what
+it changes. `${variant.stage}` in a `set` value is the path of an artifact an earlier variant
+built (e.g. the dense index the main variant's eval also searches with).
+
+    variants:
+      dense: {stages: [world, index], set: [index.backend=dense, index.name=dense]}
+      main: {set: ["eval.retrievers=[${dense.index}]"]}
+      nomask: {set: [rl.mask_retrieved=false, "eval.systems=[rl]"]}
+    table:                                   # row label: <variant>/<system label in its eval>
+      SFT + GRPO: main/rl@dense
+      SFT + GRPO, no masking: nomask/rl
+
+Writes runs/table/<name>-<hash>/ with table.md (printed too) and table.json: per row EM with
+its 95% bootstrap interval, F1, EM by hops, searches, and the training time of the row's
+policy (its base, sft and rl artifacts' wall seconds, as recorded when they were built).
+`--set` overrides on the command line apply to every variant that runs that stage.
+
+Usage:
+    r3rag run pipelines/replicate.yaml
+    r3rag run pipelines/replicate.yaml --dry-run
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import re
+import time
+from pathlib import Path
+
+from r3rag.artifacts import ArtifactRef, ArtifactWriter
+from r3rag.errors import UserError
+
+PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
+VARIANT_KEYS = {"stages", "set"}
+
+
+def parse_variants(path: Path, data: dict) -> dict[str, dict]:
+    """{name: {"stages": [...], "set": [...]}}, checked: every `set` key names one of its stages."""
+    from r3rag.pipeline import _pipeline_stages
+
+    raw = data.get("variants") or {}
+    if not isinstance(raw, dict) or not raw:
+        raise UserError(f"{path}: variants: expected a mapping of variant name -> {{stages, set}}")
+    if not isinstance(data.get("table"), dict) or not data["table"]:
+        raise UserError(f"{path}: table: expected a mapping of row label -> <variant>/<system>")
+    default_stages = _pipeline_stages({k: v for k, v in data.items() if k not in ("variants", "table")}, path)
+    out = {}
+    for name, spec in raw.items():
+        spec = spec or {}
+        where = f"{path}: variants.{name}"
+        if not isinstance(spec, dict) or set(spec) - VARIANT_KEYS:
+            raise UserError(f"{where}: expected a mapping with keys {sorted(VARIANT_KEYS)}")
+        stages = _pipeline_stages({"stages": spec.get("stages") or default_stages}, path)
+        sets = spec.get("set") or []
+        if not isinstance(sets, list) or not all(isinstance(s, str) for s in sets):
+            raise UserError(f"{where}.set: expected a list of <stage>.<key>=value strings")
+        for item in sets:
+            stage = item.partition(".")[0].strip()
+            if stage not in stages:
+                raise UserError(f"{where}.set: {item!r} names stage {stage!r}, not one of {', '.join(stages)}")
+        out[str(name)] = {"stages": stages, "set": sets}
+    for label, source in data["table"].items():
+        variant, _, system = str(source).partition("/")
+        if variant not in out or not system or "eval" not in out[variant]["stages"]:
+            raise UserError(f"{path}: table.{label}: {source!r} is not <variant>/<system> of a variant "
+                            f"that runs eval (variants: {', '.join(out)})")
+    return out
+
+
+def fill(item: str, built: dict[str, dict[str, ArtifactRef]] | None, where: str) -> str:
+    """${variant.stage} -> that artifact's path (built=None: a dry run, a readable stand-in)."""
+    def one(m: re.Match) -> str:
+        variant, _, stage = m.group(1).partition(".")
+        if built is None:
+            return f"<{variant}.{stage}>"
+        if variant not in built or stage not in built[variant]:
+            raise UserError(f"{where}: ${{{m.group(1)}}} is not an artifact of an earlier variant "
+                            f"(earlier: {', '.join(f'{v}.{s}' for v in built for s in built[v]) or 'none'})")
+        return str(built[variant][stage].path)
+
+    return PLACEHOLDER.sub(one, item)
+
+
+def variant_overrides(path, name: str, spec: dict, overrides: list[str], built) -> dict[str, list[str]]:
+    """Per stage: the variant's own `set` (placeholders filled), then the command line's."""
+    from r3rag.pipeline import _split_overrides
+
+    own = [fill(item, built, f"{path}: variants.{name}.set") for item in spec["set"]]
+    per_stage = _split_overrides(own, spec["stages"])
+    for item in overrides:
+        stage = item.partition(".")[0].strip()
+        if stage in per_stage:
+            per_stage[stage] += _split_overrides([item], [stage])[stage]
+    return per_stage
+
+
+def check_overrides(overrides: list[str], variants: dict[str, dict]) -> None:
+    from r3rag.pipeline import _split_overrides
+
+    all_stages = list(dict.fromkeys(s for v in variants.values() for s in v["stages"]))
+    _split_overrides(overrides, all_stages)  # every key names a stage some variant runs
+
+
+def run_experiment(path: Path, data: dict, overrides: list[str], runs_dir: Path | None) -> ArtifactRef:
+    from rich.console import Console
+
+    from r3rag.pipeline import run_stages
+
+    variants = parse_variants(path, data)
+    check_overrides(overrides, variants)
+    console, t0 = Console(), time.time()
+    built: dict[str, dict[str, ArtifactRef]] = {}
+    for name, spec in variants.items():
+        console.rule(f"variant {name}")
+        per_stage = variant_overrides(path, name, spec, overrides, built)
+        built[name] = run_stages(path, data, spec["stages"], per_stage, runs_dir)
+    return write_table(path, data, built, time.time() - t0, runs_dir, console)
+
+
+def plan_experiment(path: Path, data: dict, overrides: list[str], runs_dir: Path | None) -> list[dict]:
+    from r3rag.pipeline import plan_stages
+
+    variants = parse_variants(path, data)
+    check_overrides(overrides, variants)
+    plan = []
+    for name, spec in variants.items():
+        per_stage = variant_overrides(path, name, spec, overrides, None)
+        rows = plan_stages(path, data, spec["stages"], per_stage, runs_dir)
+        plan += [{**row, "stage": f"{name}: {row['stage']}"} for row in rows]
+    return plan
+
+
+def write_table(path: Path, data: dict, built: dict, wall: float, runs_dir, console) -> ArtifactRef:
+    import json
+
+    from r3rag.results_table import build_rows, markdown
+
+    evals = {name: refs["eval"] for name, refs in built.items() if "eval" in refs}
+    rows = build_rows(data["table"], built, path)
+    config = {"variants": data.get("variants"), "table": data["table"]}
+    writer = ArtifactWriter("table", str(data.get("name", "experiment")), config, evals, runs_dir)
+    if writer.existing:  # same variants, same artifacts: the table (and its timings) as first written
+        print((writer.existing.path / "table.md").read_text())
+        return writer.existing
+    artifacts = {str(r.path): r.manifest.get("seconds", 0.0) for refs in built.values() for r in refs.values()}
+    about = {"date": time.strftime("%Y-%m-%d"), "machine": machine(),
+             "wall_seconds": round(wall, 1), "compute_seconds": round(sum(artifacts.values()), 1)}
+    text = markdown(rows, about)
+    with writer:
+        (writer.dir / "table.md").write_text(text)
+        (writer.dir / "table.json").write_text(json.dumps({"rows": rows, **about}, indent=2))
+        writer.metrics.update({r["label"]: r["em"] for r in rows})
+        writer.extra["about"] = about
+    print(text)
+    console.print(f"[green]table[/green]: wrote {writer.final}")
+    return writer.ref
+
+
+def machine() -> str:
+    import torch
+
+    device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
+    return f"{platform.machine()}, {os.cpu_count()} cores, {device}, torch {torch.__version__}"

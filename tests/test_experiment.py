@@ -1,0 +1,87 @@
+"""Experiments (`variants` + `table` in a pipeline): shared artifacts, placeholders, the table."""
+
+import json
+from pathlib import Path
+
+import pytest
+import yaml
+
+from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
+from tests.conftest import TINY_WORLD
+
+ROOT = Path(__file__).resolve().parents[1]
+
+TINY_SFT = {"layers": 1, "hidden": 32, "heads": 2, "intermediate": 64, "lr": 1e-2, "bf16": False}
+TINY_RL = {"steps": 1, "prompts_per_step": 2, "num_generations": 4, "bf16": False, "max_turns": 3,
+           "max_new_tokens": 16, "save_steps": 0}
+
+
+def _experiment(tmp_path, **changes) -> Path:
+    data = {
+        "name": "mini",
+        "stages": ["world", "index", "synthesize", "sft", "rl", "eval"],
+        "world": TINY_WORLD, "index": {"name": "bm25"},
+        "synthesize": {"template": "minimal", "doc_style": "plain"},
+        "sft": TINY_SFT, "rl": TINY_RL, "eval": {"limit": 12, "max_turns": 3, "max_new_tokens": 16},
+        "variants": {
+            "bm25": {"stages": ["world", "index"]},
+            "rank": {"stages": ["world", "index"], "set": ["index.name=rank", "index.backend=rank-bm25"]},
+            "main": {"set": ["eval.retrievers=[${bm25.index},${rank.index}]"]},
+            "nomask": {"set": ["rl.mask_retrieved=false", "eval.systems=[rl]"]},
+        },
+        "table": {"RAG": "main/rag@bm25", "SFT": "main/sft@bm25", "SFT + GRPO": "main/rl@bm25",
+                  "SFT + GRPO, rank-bm25": "main/rl@rank-bm25:rank", "no masking": "nomask/rl"},
+    }
+    data.update(changes)
+    path = tmp_path / "exp.yaml"
+    path.write_text(yaml.safe_dump(data, sort_keys=False))
+    return path
+
+
+def test_experiment_shares_artifacts_fills_placeholders_and_writes_the_table(tmp_path):
+    from r3rag.pipeline import run_pipeline
+
+    runs = tmp_path / "runs"
+    ref = run_pipeline(_experiment(tmp_path), ["rl.seed=3"], runs)
+    # one world, synthesis and SFT for every variant; two indexes; two RL policies (mask on/off)
+    counts = {s: len([d for d in (runs / s).iterdir() if not d.name.startswith(".")])
+              for s in ("world", "index", "synthesize", "sft", "rl", "eval")}
+    assert counts == {"world": 1, "index": 2, "synthesize": 1, "sft": 1, "rl": 2, "eval": 2}
+    table = json.loads((ref.path / "table.json").read_text())
+    rows = {r["label"]: r for r in table["rows"]}
+    main_eval = json.loads((Path(ref.manifest["inputs"]["main"]["path"]) / "metrics.json").read_text())
+    assert rows["SFT + GRPO"]["em"] == main_eval["systems"]["rl@bm25"]["em"]
+    assert set(main_eval["systems"]) >= {"rl@bm25", "rl@rank-bm25:rank", "sft@bm25"}
+    assert rows["SFT"]["train_seconds"] < rows["SFT + GRPO"]["train_seconds"]  # RL adds its own time
+    for path in (runs / "rl").iterdir():
+        cfg = yaml.safe_load((path / "config.yaml").read_text())
+        assert cfg["seed"] == 3  # the command line's override reached every variant's rl
+    md = (ref.path / "table.md").read_text()
+    assert md.splitlines()[0].startswith("|  | EM [95% CI]") and "| no masking |" in md and "Wall time" in md
+    again = run_pipeline(_experiment(tmp_path), ["rl.seed=3"], runs)  # everything reused, the same table
+    assert again.path == ref.path and (again.path / "table.md").read_text() == md
+
+
+@pytest.mark.parametrize("change, needles", [
+    ({"table": {"x": "nope/rl"}}, ["table.x", "'nope/rl'"]),
+    ({"variants": {"a": {"stages": ["world"], "set": ["rl.lr=1"]}}, "table": {"x": "a/rl"}},
+     ["variants.a.set", "'rl'"]),
+    ({"variants": {"a": {"set": ["eval.retrievers=[${later.index}]"]}, "later": {"stages": ["world", "index"]}},
+      "table": {"x": "a/rl"}}, ["${later.index}", "earlier variant"]),
+    ({"variants": {"a": {"sets": []}}, "table": {"x": "a/rl"}}, ["variants.a", "stages"]),
+])
+def test_bad_experiments_fail_with_one_line(tmp_path, change, needles):
+    path = _experiment(tmp_path, **change)
+    out = r3rag_inprocess("run", path, "--runs-dir", tmp_path / "runs")
+    assert_one_line_error(out, *needles)
+
+
+def test_replicate_pipeline_dry_run_plans_every_variant(tmp_path):
+    out = r3rag_inprocess("run", ROOT / "pipelines" / "replicate.yaml", "--dry-run", "--runs-dir", tmp_path / "runs")
+    assert out.returncode == 0, out.stderr
+    for variant in ("main", "process", "nomask", "lora", "scratch"):
+        assert f"{variant}: rl" in out.stdout
+    assert "<lora.base>/model" in out.stdout and "mask_retrieved=False" in out.stdout
+    assert not (tmp_path / "runs").exists()
+    bad = r3rag_inprocess("run", ROOT / "pipelines" / "replicate.yaml", "--dry-run", "--set", "report.x=1")
+    assert_one_line_error(bad, "report.x=1", "not a stage")
