@@ -10,7 +10,7 @@ SET ?=
 RUN := $(R3RAG) run $(PIPELINE) --set world.seed=$(SEED) $(SET)
 STAGE_ARGS := --config $(PIPELINE) --set seed=$(SEED)
 
-.PHONY: install test test-fast demo world index synthesize base sft rl eval report report-demo serve-retriever runs clean
+.PHONY: install test test-fast demo replicate world index synthesize base sft rl eval report report-demo serve-retriever runs clean
 
 install: $(VENV)/.installed
 
@@ -28,6 +28,10 @@ test-fast: install
 
 demo: install
 	$(RUN)
+
+# The miniature replication: every row of the results table (pipelines/replicate.yaml), ~1 h on 2 cores.
+replicate: install
+	$(R3RAG) run pipelines/replicate.yaml $(SET)
 
 # One target per stage, each reading the pipeline's config for that stage.
 world: install

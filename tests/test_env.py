@@ -106,5 +106,8 @@ def test_reusing_the_kv_cache_between_turns_gives_the_same_rollouts(pipeline_run
         return [[t.ids for t in tr.turns] for tr in trajs]
 
     cached_gen = HFGenerator(model, tok, batch_size=3, reuse_cache=True)
-    assert drive(cached_gen) == drive(HFGenerator(model, tok, batch_size=3, reuse_cache=False))
+    reencoded = drive(HFGenerator(model, tok, batch_size=3, reuse_cache=False))
+    assert drive(cached_gen) == reencoded
     assert cached_gen.store.reused_tokens > 0
+    static_gen = HFGenerator(model, tok, batch_size=3, static_cache=True)  # the GPU path (compiled there)
+    assert static_gen.store is None and drive(static_gen) == reencoded

@@ -79,7 +79,7 @@ def test_bad_experiments_fail_with_one_line(tmp_path, change, needles):
 def test_replicate_pipeline_dry_run_plans_every_variant(tmp_path):
     out = r3rag_inprocess("run", ROOT / "pipelines" / "replicate.yaml", "--dry-run", "--runs-dir", tmp_path / "runs")
     assert out.returncode == 0, out.stderr
-    for variant in ("main", "process", "nomask", "lora", "scratch"):
+    for variant in ("main", "process", "nomask", "lora_rl", "scratch"):
         assert f"{variant}: rl" in out.stdout
     assert "<lora.base>/model" in out.stdout and "mask_retrieved=False" in out.stdout
     assert not (tmp_path / "runs").exists()

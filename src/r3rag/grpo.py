@@ -104,7 +104,8 @@ class generator:
         self._ctx = unwrap_model_for_generation(self.trainer.model_wrapped, self.trainer.accelerator)
         model = self._ctx.__enter__()
         return HFGenerator(model, self.tokenizer, batch_size=self.cfg.gen_batch_size,
-                           temperature=self.cfg.temperature, top_p=self.cfg.top_p)
+                           temperature=self.cfg.temperature, top_p=self.cfg.top_p,
+                           static_cache=self.cfg.static_cache)
 
     def __exit__(self, *exc):
         return self._ctx.__exit__(*exc) if self._ctx is not None else False

@@ -61,14 +61,21 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
 class HFGenerator:
     """`reuse_cache`: keep each trajectory's KV cache between turns (see prefix_cache.py), so a
     turn encodes only the tokens the environment added; the answers are those of a full
-    re-encode (tests compare both). Off for models whose cache is not a plain DynamicCache."""
+    re-encode (tests compare both). Off for models whose cache is not a plain DynamicCache.
+
+    `static_cache`: the GPU path. Decode into a preallocated (static) KV cache, which
+    transformers compiles (torch.compile, CUDA graphs) on CUDA: plain `generate` is bound by
+    Python and kernel launches at small models and large batches. Each turn then re-encodes
+    its context (cheap on a GPU next to decoding), so it replaces `reuse_cache`. Same tokens
+    as the dynamic cache (tested greedy on CPU, where nothing is compiled)."""
 
     def __init__(self, model, tokenizer, batch_size: int = 64, temperature: float = 0.0, top_p: float = 1.0,
-                 reuse_cache: bool = True):
+                 reuse_cache: bool = True, static_cache: bool = False):
         self.model, self.tokenizer = model, tokenizer
         self.batch_size, self.temperature, self.top_p = batch_size, temperature, top_p
+        self.static_cache = static_cache
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
-        self.store = PrefixCacheStore(self.pad_id) if reuse_cache else None
+        self.store = PrefixCacheStore(self.pad_id) if reuse_cache and not static_cache else None
         self._alive: dict[int, Trajectory] = {}  # keeps the keyed trajectories (ids) alive
 
     def generate(self, contexts: list[Trajectory], stop: tuple[str, ...], max_new_tokens: int) -> list[Generated]:
@@ -97,8 +104,11 @@ class HFGenerator:
             (input_ids, attention), cache = left_pad(seqs, self.pad_id), None
         width = input_ids.shape[1]
         sample = self.temperature > 0
+        cache_args = {_CACHE_KWARG: cache}
+        if self.static_cache:  # one cache size for most turns: a compiled forward is reused, not recompiled
+            cache_args = {"cache_implementation": "static", "max_cache_len": -(-(width + max_new_tokens) // 256) * 256}
         out = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention.to(device), **{_CACHE_KWARG: cache},
+            input_ids=input_ids.to(device), attention_mask=attention.to(device), **cache_args,
             max_new_tokens=max_new_tokens, do_sample=sample,
             temperature=self.temperature if sample else None, top_p=self.top_p if sample else None,
             top_k=None, pad_token_id=self.pad_id, eos_token_id=self.tokenizer.eos_token_id,

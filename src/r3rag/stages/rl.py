@@ -83,6 +83,7 @@ class Config:
     max_completion_tokens: int = 512  # token budget per trajectory (model + documents)
     gen_batch_size: int = 64
     mask_retrieved: bool = True  # no loss on retrieved tokens (false: Search-R1's ablation)
+    static_cache: bool = False  # transformers: compiled static-cache decoding (GPUs; see benchmarks/gpu.sh)
     vllm: str = ""  # "" (transformers), colocate or server (TRL's vLLM integration)
     vllm_server_url: str = ""
     vllm_gpu_memory: float = 0.3

@@ -1,0 +1,187 @@
+"""GPU figures (run by benchmarks/gpu.sh on one CUDA device; `--smoke` checks it on a CPU).
+
+1. demo: `r3rag run pipelines/demo.yaml` on the device, then the same with a larger 8x512
+   policy: held-out EM per system and wall seconds per stage.
+2. rollout: a randomly initialised Qwen2.5-0.5B-shaped model (bf16) on synthetic-world
+   prompts at batch 64 and 256: plain `model.generate` tokens/s (fixed length, no stops),
+   the multi-turn env with transformers' dynamic cache, and the env with the compiled
+   static-cache path (`HFGenerator(static_cache=True)`, `rl.static_cache=true`).
+   `gpu_rollout_speedup_b256` = env tokens/s on the static path / plain generate tokens/s.
+3. grpo: one `r3rag rl` step of that model (16 prompts x 8), with LoRA and with full
+   fine-tuning: seconds per step and peak GPU memory.
+
+Usage:
+    python benchmarks/gpu.py [--parts demo,rollout,grpo] [--smoke]
+Last line: {"gpu_rollout_speedup_b256": ..., ...}
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.modules.setdefault("jax", None)  # bm25s imports JAX when present; forking after that deadlocks
+os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
+os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "src"))
+
+import torch  # noqa: E402
+
+QWEN_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
+                num_key_value_heads=2, vocab_size=151936)
+SMOKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
+             num_key_value_heads=1, vocab_size=2000)
+LARGER = ["sft.layers=8", "sft.hidden=512", "sft.heads=8", "sft.intermediate=2048"]
+SMOKE_DEMO = ["synthesize.extra_worlds=2", "synthesize.limit=200", "sft.layers=1", "rl.steps=2", "eval.limit=40"]
+
+
+def demo(runs: Path, smoke: bool) -> dict:
+    out = {}
+    for label, extra in (("4x128", []), ("8x512", LARGER + ["eval.name=demo-8x512"])):
+        t0 = time.time()
+        sets = [a for s in (SMOKE_DEMO if smoke else []) + extra for a in ("--set", s)]
+        subprocess.run([sys.executable, "-m", "r3rag.cli", "run", "pipelines/demo.yaml", "--runs-dir", str(runs),
+                        *sets], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        wall = time.time() - t0
+        evals = sorted((runs / "eval").glob("*/metrics.json"), key=lambda p: p.stat().st_mtime)
+        m = json.loads(evals[-1].read_text())
+        out[label] = {"em": {s: v["em"] for s, v in m["systems"].items()}, "seconds": m["seconds"],
+                      "wall_seconds": round(wall, 1)}
+        print(f"demo {label}: EM {out[label]['em']}  seconds {m['seconds']}  wall {wall:.0f} s", flush=True)
+    return out
+
+
+def random_qwen(shape: dict, device: str):
+    """A random Qwen2-architecture model of `shape` and a word tokenizer with its vocabulary size."""
+    from transformers import Qwen2Config, Qwen2ForCausalLM
+
+    from r3rag.data.world import WorldConfig, world_vocabulary
+    from r3rag.modeling import train_word_tokenizer
+
+    words = world_vocabulary(WorldConfig())
+    filler = [f"w{i}" for i in range(max(0, shape["vocab_size"] - len(words) - 16))]
+    tok = train_word_tokenizer([" ".join(words), " ".join(filler), "Question :"])
+    cfg = Qwen2Config(**{**shape, "vocab_size": len(tok)}, max_position_embeddings=4096, tie_word_embeddings=True,
+                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id)
+    torch.manual_seed(0)
+    dtype = torch.bfloat16 if device == "cuda" else torch.float32
+    return Qwen2ForCausalLM(cfg).to(device=device, dtype=dtype).eval(), tok
+
+
+def rollout(shape: dict, device: str, batches: list[int]) -> dict:
+    from r3rag.data.world import WorldConfig, generate_world
+    from r3rag.env import EnvConfig, run_rollouts
+    from r3rag.generation.hf import HFGenerator, left_pad
+    from r3rag.protocol import Protocol
+    from r3rag.retrieval.bm25 import BM25Retriever
+
+    model, tok = random_qwen(shape, device)
+    world = generate_world(WorldConfig())
+    retriever = BM25Retriever.build(world.docs)
+    protocol, env = Protocol(template="minimal", doc_style="plain"), EnvConfig(max_new_tokens=48, max_turns=4)
+    out = {}
+
+    def timed(fn):
+        if device == "cuda":
+            torch.cuda.synchronize()
+        t0 = time.perf_counter()
+        result = fn()
+        if device == "cuda":
+            torch.cuda.synchronize()
+        return time.perf_counter() - t0, result
+
+    for b in batches:
+        questions = (world.test * (b // len(world.test) + 1))[:b]
+
+        def env_run(static: bool):
+            gen = HFGenerator(model, tok, batch_size=b, temperature=1.0, static_cache=static)
+            return run_rollouts(questions, gen, retriever, protocol, env, tok)
+
+        row = {}
+        for name, static in (("env_dynamic", False), ("env_static", True)):
+            env_run(static)  # warm up (compiles the static path)
+            t, trajs = timed(lambda: env_run(static))
+            tokens = sum(len(t.ids or []) for tr in trajs for t in tr.turns if t.role == "model")
+            row[name] = round(tokens / t, 1)
+        per_row = max(1, round(tokens / b))
+        ids, mask = left_pad([tr.prompt_ids for tr in trajs], tok.pad_token_id)
+        plain = lambda: model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),  # noqa: E731
+                                       min_new_tokens=per_row, max_new_tokens=per_row, do_sample=True,
+                                       pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+        with torch.no_grad():
+            plain()
+            t_plain, _ = timed(plain)
+        row["plain_generate"] = round(per_row * b / t_plain, 1)
+        row["env_overhead_dynamic"] = round(row["plain_generate"] / row["env_dynamic"] - 1, 3)
+        row["speedup_static_vs_plain"] = round(row["env_static"] / row["plain_generate"], 2)
+        out[b] = row
+        print(f"rollout b{b}: tokens/s {row}", flush=True)
+    return out
+
+
+def grpo(shape: dict, device: str, runs: Path) -> dict:
+    from r3rag.jsonl import read_jsonl
+    from r3rag.pipeline import run_stage
+
+    model, tok = random_qwen(shape, device)
+    model_dir = runs / "qwen-random"
+    model.save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    del model
+    run_stage("world", None, [], runs)
+    run_stage("index", None, [], runs)
+    out = {}
+    for label, lora in (("lora", True), ("full", False)):
+        if device == "cuda":
+            torch.cuda.empty_cache()
+            torch.cuda.reset_peak_memory_stats()
+        ref = run_stage("rl", None, [f"name={label}", f"model={model_dir}", "template=minimal", "doc_style=plain",
+                                     "steps=2", "prompts_per_step=16", "num_generations=8", f"lora={str(lora).lower()}",
+                                     "save_steps=0", "rollout_samples=0", "max_new_tokens=48", "max_turns=4"], runs)
+        last = read_jsonl(ref.path / "metrics.jsonl")[-1]  # the second step: warmed up
+        peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
+        out[label] = {"seconds_per_step": round(last["time/step"], 2), "generation_s": round(last["time/generation"], 2),
+                      "peak_gib": None if peak is None else round(peak, 1)}
+        print(f"grpo {label}: {out[label]}", flush=True)
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--parts", default="demo,rollout,grpo")
+    ap.add_argument("--smoke", action="store_true", help="tiny shapes on whatever device there is")
+    ap.add_argument("--out", default="", help="where runs go (default: a temp dir)")
+    args = ap.parse_args()
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    shape, batches = (SMOKE, [8, 16]) if args.smoke else (QWEN_05B, [64, 256])
+    parts = args.parts.split(",")
+    print(f"device: {torch.cuda.get_device_name(0) if device == 'cuda' else 'cpu'}; torch {torch.__version__}")
+    runs = Path(args.out or tempfile.mkdtemp(prefix="r3rag-gpu-"))
+    result: dict = {"device": device}
+    if "demo" in parts:
+        result["demo"] = demo(runs / "demo", args.smoke)
+    if "rollout" in parts:
+        result["rollout"] = rollout(shape, device, batches)
+    if "grpo" in parts:
+        result["grpo"] = grpo(shape, device, runs / "grpo")
+    final = {"device": device}
+    if "rollout" in result:
+        top = max(result["rollout"])
+        final[f"gpu_rollout_speedup_b{top}"] = result["rollout"][top]["speedup_static_vs_plain"]
+        final.update({f"rollout_tokens_per_s_b{b}": r for b, r in result["rollout"].items()})
+    if "demo" in result:
+        final["demo"] = result["demo"]
+    if "grpo" in result:
+        final["grpo"] = result["grpo"]
+    print(json.dumps(final))
+
+
+if __name__ == "__main__":
+    main()
