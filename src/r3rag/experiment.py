@@ -42,21 +42,21 @@ VARIANT_KEYS = {"stages", "set"}
 
 def parse_variants(path: Path, data: dict) -> dict[str, dict]:
     """{name: {"stages": [...], "set": [...]}}, checked: every `set` key names one of its stages."""
-    from r3rag.pipeline import _pipeline_stages
+    from r3rag.pipeline import pipeline_stages
 
     raw = data.get("variants") or {}
     if not isinstance(raw, dict) or not raw:
         raise UserError(f"{path}: variants: expected a mapping of variant name -> {{stages, set}}")
     if not isinstance(data.get("table"), dict) or not data["table"]:
         raise UserError(f"{path}: table: expected a mapping of row label -> <variant>/<system>")
-    default_stages = _pipeline_stages({k: v for k, v in data.items() if k not in ("variants", "table")}, path)
+    default_stages = pipeline_stages({k: v for k, v in data.items() if k not in ("variants", "table")}, path)
     out = {}
     for name, spec in raw.items():
         spec = spec or {}
         where = f"{path}: variants.{name}"
         if not isinstance(spec, dict) or set(spec) - VARIANT_KEYS:
             raise UserError(f"{where}: expected a mapping with keys {sorted(VARIANT_KEYS)}")
-        stages = _pipeline_stages({"stages": spec.get("stages") or default_stages}, path)
+        stages = pipeline_stages({"stages": spec.get("stages") or default_stages}, path)
         sets = spec.get("set") or []
         if not isinstance(sets, list) or not all(isinstance(s, str) for s in sets):
             raise UserError(f"{where}.set: expected a list of <stage>.<key>=value strings")
@@ -89,22 +89,22 @@ def fill(item: str, built: dict[str, dict[str, ArtifactRef]] | None, where: str)
 
 def variant_overrides(path, name: str, spec: dict, overrides: list[str], built) -> dict[str, list[str]]:
     """Per stage: the variant's own `set` (placeholders filled), then the command line's."""
-    from r3rag.pipeline import _split_overrides
+    from r3rag.pipeline import split_overrides
 
     own = [fill(item, built, f"{path}: variants.{name}.set") for item in spec["set"]]
-    per_stage = _split_overrides(own, spec["stages"])
+    per_stage = split_overrides(own, spec["stages"])
     for item in overrides:
         stage = item.partition(".")[0].strip()
         if stage in per_stage:
-            per_stage[stage] += _split_overrides([item], [stage])[stage]
+            per_stage[stage] += split_overrides([item], [stage])[stage]
     return per_stage
 
 
 def check_overrides(overrides: list[str], variants: dict[str, dict]) -> None:
-    from r3rag.pipeline import _split_overrides
+    from r3rag.pipeline import split_overrides
 
     all_stages = list(dict.fromkeys(s for v in variants.values() for s in v["stages"]))
-    _split_overrides(overrides, all_stages)  # every key names a stage some variant runs
+    split_overrides(overrides, all_stages)  # every key names a stage some variant runs
 
 
 def run_experiment(path: Path, data: dict, overrides: list[str], runs_dir: Path | None) -> ArtifactRef:

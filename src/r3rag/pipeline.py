@@ -63,7 +63,7 @@ def run_stage(stage: str, config_path: Path | None, overrides: list[str], runs_d
     return module.run(cfg, ctx)
 
 
-def _pipeline_stages(data: dict, path: Path) -> list[str]:
+def pipeline_stages(data: dict, path: Path) -> list[str]:
     """The stages a pipeline runs, in order: its `stages` list, else every stage section present."""
     stages = data.get("stages") or [s for s in STAGE_ORDER if s in data]
     if not stages:
@@ -80,8 +80,8 @@ def run_pipeline(path: Path, overrides: list[str], runs_dir: Path | None) -> Art
         from r3rag.experiment import run_experiment
 
         return run_experiment(path, data, overrides, runs_dir)
-    stages = _pipeline_stages(data, path)
-    return run_stages(path, data, stages, _split_overrides(overrides, stages), runs_dir)[stages[-1]]
+    stages = pipeline_stages(data, path)
+    return run_stages(path, data, stages, split_overrides(overrides, stages), runs_dir)[stages[-1]]
 
 
 def run_stages(path: Path, data: dict, stages: list[str], per_stage: dict[str, list[str]],
@@ -102,8 +102,8 @@ def plan_pipeline(path: Path, overrides: list[str], runs_dir: Path | None) -> li
         from r3rag.experiment import plan_experiment
 
         return plan_experiment(path, data, overrides, runs_dir)
-    stages = _pipeline_stages(data, path)
-    return plan_stages(path, data, stages, _split_overrides(overrides, stages), runs_dir)
+    stages = pipeline_stages(data, path)
+    return plan_stages(path, data, stages, split_overrides(overrides, stages), runs_dir)
 
 
 def plan_stages(path: Path, data: dict, stages: list[str], per_stage: dict[str, list[str]],
@@ -152,7 +152,7 @@ def print_plan(plan: list[dict], path: Path) -> None:
     Console().print(table)
 
 
-def _split_overrides(overrides: list[str], stages: list[str]) -> dict[str, list[str]]:
+def split_overrides(overrides: list[str], stages: list[str]) -> dict[str, list[str]]:
     """["sft.lr=1e-4"] -> {"sft": ["lr=1e-4"], ...}; every key must name a stage of the pipeline."""
     out: dict[str, list[str]] = {s: [] for s in stages}
     for item in overrides:
