@@ -74,9 +74,14 @@ def pipeline_stages(data: dict, path: Path) -> list[str]:
     return stages
 
 
+def is_experiment(data: dict) -> bool:
+    """A pipeline with `variants` or a `table` runs through r3rag.experiment."""
+    return "variants" in data or "table" in data
+
+
 def run_pipeline(path: Path, overrides: list[str], runs_dir: Path | None) -> ArtifactRef:
     data = _load_pipeline(path)
-    if "variants" in data or "table" in data:
+    if is_experiment(data):
         from r3rag.experiment import run_experiment
 
         return run_experiment(path, data, overrides, runs_dir)
@@ -98,7 +103,7 @@ def plan_pipeline(path: Path, overrides: list[str], runs_dir: Path | None) -> li
     from, without loading data or weights. Inputs that do not exist yet are listed, not errors:
     a recipe is planned on a machine that has neither its corpus nor its models."""
     data = _load_pipeline(path)
-    if "variants" in data or "table" in data:
+    if is_experiment(data):
         from r3rag.experiment import plan_experiment
 
         return plan_experiment(path, data, overrides, runs_dir)
