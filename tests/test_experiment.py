@@ -85,3 +85,19 @@ def test_replicate_pipeline_dry_run_plans_every_variant(tmp_path):
     assert not (tmp_path / "runs").exists()
     bad = r3rag_inprocess("run", ROOT / "pipelines" / "replicate.yaml", "--dry-run", "--set", "report.x=1")
     assert_one_line_error(bad, "report.x=1", "not a stage")
+
+
+def test_train_minutes_follow_a_model_another_variant_trained(tmp_path):
+    """`rl.model=${lora.base}/model`: the RL row's training time includes the base LM it started from."""
+    from types import SimpleNamespace
+
+    from r3rag.results_table import _train_seconds
+
+    base = tmp_path / "runs" / "base" / "b-1"
+    (base / "model").mkdir(parents=True)
+    (base / "manifest.json").write_text(json.dumps({"stage": "base", "id": "b-1", "content_hash": "x", "seconds": 120.0}))
+    rl = SimpleNamespace(manifest={"id": "r-1", "seconds": 30.0, "config": {"model": str(base / "model")}})
+    assert _train_seconds("rl", {"rl": rl}) == 150.0
+    rl.manifest["config"]["model"] = "Qwen/Qwen2.5-3B"  # a hub id: nothing to add
+    assert _train_seconds("rl", {"rl": rl}) == 30.0
+    assert _train_seconds("rl", {"rl": rl, "base": SimpleNamespace(manifest=json.loads((base / "manifest.json").read_text()))}) == 150.0

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from r3rag.artifacts import load_manifest
 from r3rag.errors import UserError
 
 TRAINED = ("base", "sft", "rl")  # stages whose wall time is a policy's training time
@@ -32,9 +33,25 @@ def build_rows(spec: dict[str, str], built: dict[str, dict], path: Path) -> list
 
 
 def _train_seconds(system: str, refs: dict) -> float:
-    """The policy's own training: base + sft (+ rl for the RL policy), as recorded when built."""
-    used = TRAINED if system.split("@")[0] == "rl" else ("base", "sft")
-    return round(sum(refs[s].manifest.get("seconds", 0.0) for s in used if s in refs), 1)
+    """The policy's own training: base + sft (+ rl for the RL policy), as recorded when built,
+    plus a model another variant trained that a stage starts from through a path
+    (`rl.model=${lora.base}/model`)."""
+    used = [refs[s] for s in (TRAINED if system.split("@")[0] == "rl" else ("base", "sft")) if s in refs]
+    counted = {r.manifest.get("id") for r in used}
+    upstream = [m for m in (_model_artifact(r.manifest) for r in used) if m and m.get("id") not in counted]
+    return round(sum(r.manifest.get("seconds", 0.0) for r in used) + sum(m.get("seconds", 0.0) for m in upstream), 1)
+
+
+def _model_artifact(manifest: dict) -> dict | None:
+    """The manifest of the trained artifact holding a stage's `model` path, if it is one."""
+    model = (manifest.get("config") or {}).get("model")
+    if not isinstance(model, str) or not model:
+        return None
+    for folder in (Path(model), Path(model).parent):
+        found = load_manifest(folder)
+        if found and found["stage"] in TRAINED:
+            return found
+    return None
 
 
 def _row(label: str, source: str, m: dict, train_seconds: float) -> dict:
