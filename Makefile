@@ -10,7 +10,7 @@ SET ?=
 RUN := $(R3RAG) run $(PIPELINE) --set world.seed=$(SEED) $(SET)
 STAGE_ARGS := --config $(PIPELINE) --set seed=$(SEED)
 
-.PHONY: install test test-fast demo replicate world index synthesize base sft rl eval report report-demo serve-retriever runs clean
+.PHONY: install test test-fast demo replicate replicate-ablations world index synthesize base sft rl eval report report-demo serve-retriever runs clean
 
 install: $(VENV)/.installed
 
@@ -32,6 +32,11 @@ demo: install
 # The miniature replication: every row of the results table (pipelines/replicate.yaml), ~1 h on 2 cores.
 replicate: install
 	$(R3RAG) run pipelines/replicate.yaml $(SET)
+
+# Its ablations (masking, process reward, LoRA GRPO) at the main run's 200 GRPO steps, reusing
+# the replication's artifacts: ~50 min more on 2 cores.
+replicate-ablations: install
+	$(R3RAG) run pipelines/replicate-ablations.yaml $(SET)
 
 # One target per stage, each reading the pipeline's config for that stage.
 world: install

@@ -43,3 +43,31 @@ def test_pipeline_overrides_must_name_a_stage(tmp_path):
         run_pipeline(p, ["sft.lr=1"], tmp_path)
     ref = run_pipeline(p, ["world.n_clusters=3", "world.test_clusters=1"], tmp_path / "runs")
     assert ref.manifest["config"]["n_clusters"] == 3 and ref.manifest["config"]["seed"] == 1
+
+
+def test_a_pipeline_extends_another_and_changes_some_settings(tmp_path):
+    from r3rag.pipeline import _load_pipeline, plan_pipeline
+
+    (tmp_path / "base.yaml").write_text("name: b\nstages: [world, index]\nworld: {seed: 1, n_clusters: 4}\n"
+                                        "index: {name: bm25}\n")
+    (tmp_path / "sub").mkdir()
+    child = tmp_path / "sub" / "child.yaml"
+    child.write_text("extends: ../base.yaml\nworld: {seed: 2}\n")
+    data = _load_pipeline(child)
+    assert data["world"] == {"seed": 2, "n_clusters": 4}  # a section's keys replace the base's keys
+    assert data["index"] == {"name": "bm25"} and data["stages"] == ["world", "index"] and data["name"] == "b"
+    plan = plan_pipeline(child, [], tmp_path / "runs")
+    assert [row["stage"] for row in plan] == ["world", "index"]
+
+
+@pytest.mark.parametrize("text, needle", [
+    ("extends: nowhere.yaml\n", "extends: no pipeline file"),
+    ("extends: p.yaml\n", "extends itself"),
+])
+def test_bad_extends_fail_with_one_line(tmp_path, text, needle):
+    from r3rag.pipeline import _load_pipeline
+
+    p = tmp_path / "p.yaml"
+    p.write_text(text)
+    with pytest.raises(UserError, match=needle):
+        _load_pipeline(p)

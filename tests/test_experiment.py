@@ -87,6 +87,23 @@ def test_replicate_pipeline_dry_run_plans_every_variant(tmp_path):
     assert_one_line_error(bad, "report.x=1", "not a stage")
 
 
+def test_replicate_ablations_dry_run_keeps_the_replication_settings_at_200_steps(tmp_path):
+    """replicate-ablations.yaml extends replicate.yaml: the same world, cold start and GRPO, and
+    the ablations at the main run's 200 steps (so they reuse its artifacts)."""
+    from r3rag.pipeline import _load_pipeline
+
+    base = _load_pipeline(ROOT / "pipelines" / "replicate.yaml")
+    ablations = _load_pipeline(ROOT / "pipelines" / "replicate-ablations.yaml")
+    for section in ("world", "index", "synthesize", "sft", "rl", "eval"):
+        assert ablations[section] == base[section]
+    assert set(ablations["variants"]) == {"main", "process", "nomask", "lora_rl"}
+    assert not any("steps" in s for v in ablations["variants"].values() for s in v.get("set", []))
+    out = r3rag_inprocess("run", ROOT / "pipelines" / "replicate-ablations.yaml", "--dry-run",
+                          "--runs-dir", tmp_path / "runs")
+    assert out.returncode == 0, out.stderr
+    assert "nomask: rl" in out.stdout and "steps=200" in out.stdout
+
+
 def test_train_minutes_follow_a_model_another_variant_trained(tmp_path):
     """`rl.model=${lora.base}/model`: the RL row's training time includes the base LM it started from."""
     from types import SimpleNamespace

@@ -4,6 +4,7 @@ A pipeline YAML has a top-level `name`, an optional `stages` list (default: ever
 section present, in pipeline order) and one section per stage. Within `run`, an input
 written as `<stage>:latest` is bound to the artifact that stage produced in this run.
 A pipeline with `variants` and a `table` is an experiment: see r3rag.experiment.
+`extends: other.yaml` starts from another pipeline file and changes some of its settings.
 
 Usage:
     run_stage("sft", Path("pipelines/demo.yaml"), ["epochs=2"], runs_dir=None)
@@ -25,19 +26,39 @@ from r3rag.errors import UserError
 from r3rag.stages import STAGE_ORDER
 from r3rag.stages.common import FILE, Context
 
-TOP_LEVEL = {"name", "stages", "variants", "table", *STAGE_ORDER}
+TOP_LEVEL = {"name", "extends", "stages", "variants", "table", *STAGE_ORDER}
 
 
 def _stage_module(stage: str):
     return importlib.import_module(f"r3rag.stages.{stage}")
 
 
-def _load_pipeline(path: Path | None) -> dict:
+def _load_pipeline(path: Path | None, _seen: tuple[Path, ...] = ()) -> dict:
     data = load_yaml(path) if path else {}
     unknown = sorted(set(data) - TOP_LEVEL)
     if unknown:
         raise UserError(f"{path}: unknown top-level key {unknown[0]!r} (known: {', '.join(sorted(TOP_LEVEL))})")
+    if "extends" in data:
+        data = _extend(path, data, _seen)
     return data
+
+
+def _extend(path: Path, data: dict, seen: tuple[Path, ...]) -> dict:
+    """`extends: other.yaml` (relative to this file): that pipeline with this file's settings on
+    top. A stage section's keys replace the same keys of the base's section; `name`, `stages`,
+    `variants` and `table` replace the base's whole."""
+    base_path = (path.parent / str(data.pop("extends"))).resolve()
+    if base_path in seen or base_path == path.resolve():
+        raise UserError(f"{path}: extends: {base_path.name} extends itself")
+    if not base_path.is_file():
+        raise UserError(f"{path}: extends: no pipeline file {base_path}")
+    merged = _load_pipeline(base_path, (*seen, path.resolve()))
+    for key, value in data.items():
+        if key in STAGE_ORDER and isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = {**merged[key], **value}
+        else:
+            merged[key] = value
+    return merged
 
 
 def _section(data: dict, stage: str, path) -> dict:
