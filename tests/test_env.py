@@ -69,6 +69,8 @@ def test_mask_marks_model_tokens_only():
     model_text = tok.decode([i for i, m in zip(ids, mask) if m == 1])
     assert env_text.startswith("<information>") and "Zentro Labs is headquartered in Velmar" in env_text
     assert "<information>" not in model_text and model_text.endswith("<answer> Velmar </answer>")
+    for turn in (x for tr in trajs.values() for x in tr.turns if x.role == "env"):  # batched encoding = one by one
+        assert turn.ids == tok.encode(turn.text, add_special_tokens=False)
 
 
 def test_direct_and_rag_modes_force_an_answer():

@@ -123,6 +123,13 @@ def _encode(tokenizer, text: str) -> list[int] | None:
     return None if tokenizer is None else tokenizer.encode(text, add_special_tokens=False)
 
 
+def _encode_many(tokenizer, texts: list[str]) -> list[list[int] | None]:
+    """The ids of each text, in one batched call (a fast tokenizer's batch runs in Rust)."""
+    if tokenizer is None or not texts:
+        return [None] * len(texts)
+    return tokenizer(texts, add_special_tokens=False)["input_ids"]
+
+
 def new_trajectory(example: dict, protocol: Protocol, tokenizer=None) -> Trajectory:
     prompt = protocol.context_prompt(example["question"], tokenizer)
     return Trajectory(id=str(example["id"]), question=example["question"], prompt=prompt,
@@ -133,11 +140,14 @@ def add_env_turn(traj: Trajectory, text: str, tokenizer=None) -> None:
     traj.turns.append(Turn("env", text, _encode(tokenizer, text)))
 
 
-def add_search_result(traj: Trajectory, hits: list, protocol: Protocol, tokenizer=None) -> None:
-    traj.retrieved.append([h.doc_id for h in hits])
-    traj.documents.append([{"id": h.doc_id, "title": h.title, "text": h.text, "score": round(h.score, 4)}
-                           for h in hits])
-    add_env_turn(traj, protocol.render_docs(hits), tokenizer)
+def add_search_results(trajs: list[Trajectory], hits: list[list], protocol: Protocol, tokenizer=None) -> None:
+    """Each trajectory's search hits, recorded and appended as its documents turn."""
+    texts = [protocol.render_docs(h) for h in hits]
+    for traj, found, text, ids in zip(trajs, hits, texts, _encode_many(tokenizer, texts)):
+        traj.retrieved.append([h.doc_id for h in found])
+        traj.documents.append([{"id": h.doc_id, "title": h.title, "text": h.text, "score": round(h.score, 4)}
+                               for h in found])
+        traj.turns.append(Turn("env", text, ids))
 
 
 def run_rollouts(examples: list[dict], generator: Generator, retriever: Retriever | None, protocol: Protocol,
@@ -145,9 +155,7 @@ def run_rollouts(examples: list[dict], generator: Generator, retriever: Retrieve
     """Run the batched loop to completion; `on_turn(n_done, n_total)` reports progress."""
     trajs = [new_trajectory(ex, protocol, tokenizer) for ex in examples]
     if cfg.mode == "rag":
-        hits = retriever.search([t.question for t in trajs], cfg.top_k)
-        for t, h in zip(trajs, hits):
-            add_search_result(t, h, protocol, tokenizer)
+        add_search_results(trajs, retriever.search([t.question for t in trajs], cfg.top_k), protocol, tokenizer)
     prefill = protocol.answer_prefill() if cfg.mode in ("direct", "rag") else ""
     for turn_no in range(cfg.max_turns):
         active = [t for t in trajs if not t.done]
@@ -166,8 +174,8 @@ def run_rollouts(examples: list[dict], generator: Generator, retriever: Retrieve
             _finish_or_continue(t, step, out, turn_no, cfg, searching)
         if searching:
             hits = retriever.search([t.steps[-1]["query"] for t in searching], cfg.top_k)
-            for t, h in zip(searching, hits):
-                add_search_result(t, h, protocol, tokenizer)
+            add_search_results(searching, hits, protocol, tokenizer)
+            for t in searching:
                 if tokenizer is not None and t.completion_length() > cfg.max_completion_tokens:
                     t.finish_reason = "length"
         if on_turn:
