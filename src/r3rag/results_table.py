@@ -38,8 +38,9 @@ def _train_seconds(system: str, refs: dict) -> float:
     (`rl.model=${lora.base}/model`)."""
     used = [refs[s] for s in (TRAINED if system.split("@")[0] == "rl" else ("base", "sft")) if s in refs]
     counted = {r.manifest.get("id") for r in used}
-    upstream = [m for m in (_model_artifact(r.manifest) for r in used) if m and m.get("id") not in counted]
-    return round(sum(r.manifest.get("seconds", 0.0) for r in used) + sum(m.get("seconds", 0.0) for m in upstream), 1)
+    upstream = {m.get("id"): m for m in map(_model_artifact, (r.manifest for r in used)) if m}
+    extra = sum(m.get("seconds", 0.0) for i, m in upstream.items() if i not in counted)
+    return round(sum(r.manifest.get("seconds", 0.0) for r in used) + extra, 1)
 
 
 def _model_artifact(manifest: dict) -> dict | None:

@@ -11,8 +11,8 @@ running sum, so positions continue exactly where each row's cache ends.
 
 Saving copies nothing: a row keeps a reference to its generate call's batch cache, its row in
 it and the positions of its real tokens (no pads, nothing after its stop). The next turn's
-plan gathers every row of one source batch with one `torch.gather` per layer (per-row slicing
-cost ~7% of rollout time on the demo model).
+plan takes every row of one source batch with one `index_select` per layer (slicing row by
+row, save + plan took 40 ms of a ~400 ms demo rollout; this way 21 ms).
 
 Usage (inside HFGenerator):
     store = PrefixCacheStore(pad_id)
