@@ -34,7 +34,7 @@ replicate: install
 	$(R3RAG) run pipelines/replicate.yaml $(SET)
 
 # Its ablations (masking, process reward, LoRA GRPO) at the main run's 200 GRPO steps, reusing
-# the replication's artifacts: ~50 min more on 2 cores.
+# the replication's artifacts: ~55 min more on 2 cores.
 replicate-ablations: install
 	$(R3RAG) run pipelines/replicate-ablations.yaml $(SET)
 
