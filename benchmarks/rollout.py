@@ -21,7 +21,8 @@
    `--no-reuse-cache` measures the old path that re-encodes the whole context every turn.
 
 Uses the newest `runs/sft` policy when there is one (`--policy DIR`), else a random tiny model.
-Timings are the best of `--repeats` runs (this machine's timings vary by tens of percent).
+Timings are the best of `--repeats` rounds, each timing the env and both plain calls
+(this machine's timings drift by tens of percent); the one-at-a-time run is timed once.
 
 Usage:
     python benchmarks/rollout.py [--policy runs/sft/demo-...] [--n 32] [--repeats 5]
@@ -112,20 +113,21 @@ def main() -> None:
     timer = ForwardTimer(model)
     reuse = not args.no_reuse_cache
     rollouts(questions[:4], HFGenerator(model, tok, batch_size=4, reuse_cache=reuse), retriever, protocol, tok)  # warm up
-    best = None
-    for _ in range(args.repeats):  # best of N for the fast measurements; the slow one runs once
-        timer.reset()
-        t, trajs = rollouts(questions, HFGenerator(model, tok, batch_size=args.n, reuse_cache=reuse), retriever, protocol, tok)
-        if best is None or t < best[0]:
-            best = (t, trajs, timer.encode, timer.decode)
-    t_env, trajs, t_encode, t_decode = best
-    t_seq, _ = rollouts(questions, HFGenerator(model, tok, batch_size=1, reuse_cache=reuse), retriever, protocol, tok)
-    lengths = [model_tokens(tr) for tr in trajs]
-    tokens = sum(lengths)
-    mean_len = max(1, round(tokens / len(trajs)))
+    _, trajs = rollouts(questions, HFGenerator(model, tok, batch_size=args.n, reuse_cache=reuse), retriever, protocol, tok)
+    lengths = [model_tokens(tr) for tr in trajs]  # greedy: every run makes these same trajectories
+    mean_len = max(1, round(sum(lengths) / len(trajs)))
     prompts = [tr.prompt_ids for tr in trajs]
-    t_plain = min(plain_generate(model, tok, prompts, lengths) for _ in range(args.repeats))
-    t_even = min(plain_generate(model, tok, prompts, [mean_len] * len(trajs)) for _ in range(args.repeats))
+    # Rounds of (env, plain, plain with even rows), best of N each: the three see the same
+    # machine state, which on a shared box drifts by tens of percent within a minute.
+    t_env = t_plain = t_even = float("inf")
+    for _ in range(args.repeats):
+        timer.reset()
+        t, _ = rollouts(questions, HFGenerator(model, tok, batch_size=args.n, reuse_cache=reuse), retriever, protocol, tok)
+        if t < t_env:
+            t_env, t_encode, t_decode = t, timer.encode, timer.decode
+        t_plain = min(t_plain, plain_generate(model, tok, prompts, lengths))
+        t_even = min(t_even, plain_generate(model, tok, prompts, [mean_len] * len(trajs)))
+    t_seq, _ = rollouts(questions, HFGenerator(model, tok, batch_size=1, reuse_cache=reuse), retriever, protocol, tok)
     report(args, source, trajs, lengths, t_env, t_seq, t_plain, t_even, t_encode, t_decode)
 
 
