@@ -48,11 +48,12 @@ def _extend(path: Path, data: dict, seen: tuple[Path, ...]) -> dict:
     top. A stage section's keys replace the same keys of the base's section; `name`, `stages`,
     `variants` and `table` replace the base's whole."""
     base_path = (path.parent / str(data.pop("extends"))).resolve()
-    if base_path in seen or base_path == path.resolve():
+    seen = (*seen, path.resolve())  # the files of this chain so far
+    if base_path in seen:
         raise UserError(f"{path}: extends: {base_path.name} extends itself")
     if not base_path.is_file():
         raise UserError(f"{path}: extends: no pipeline file {base_path}")
-    merged = _load_pipeline(base_path, (*seen, path.resolve()))
+    merged = _load_pipeline(base_path, seen)
     for key, value in data.items():
         if key in STAGE_ORDER and isinstance(value, dict) and isinstance(merged.get(key), dict):
             merged[key] = {**merged[key], **value}

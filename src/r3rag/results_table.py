@@ -36,11 +36,11 @@ def _train_seconds(system: str, refs: dict) -> float:
     """The policy's own training: base + sft (+ rl for the RL policy), as recorded when built,
     plus a model another variant trained that a stage starts from through a path
     (`rl.model=${lora.base}/model`)."""
-    used = [refs[s] for s in (TRAINED if system.split("@")[0] == "rl" else ("base", "sft")) if s in refs]
-    counted = {r.manifest.get("id") for r in used}
-    upstream = {m.get("id"): m for m in map(_model_artifact, (r.manifest for r in used)) if m}
-    extra = sum(m.get("seconds", 0.0) for i, m in upstream.items() if i not in counted)
-    return round(sum(r.manifest.get("seconds", 0.0) for r in used) + extra, 1)
+    used = [refs[s].manifest for s in (TRAINED if system.split("@")[0] == "rl" else ("base", "sft")) if s in refs]
+    trained = {m.get("id"): m for m in used}  # by id: a model reached both ways counts once
+    for m in filter(None, map(_model_artifact, used)):
+        trained.setdefault(m.get("id"), m)
+    return round(sum(m.get("seconds", 0.0) for m in trained.values()), 1)
 
 
 def _model_artifact(manifest: dict) -> dict | None:
