@@ -108,7 +108,7 @@ def rollout(shape: dict, device: str, batches: list[int]) -> dict:
         for name, static in (("env_dynamic", False), ("env_static", True)):
             env_run(static)  # warm up (compiles the static path)
             t, trajs = timed(lambda: env_run(static))
-            tokens = sum(len(t.ids or []) for tr in trajs for t in tr.turns if t.role == "model")
+            tokens = sum(tr.model_token_count() for tr in trajs)
             row[name] = round(tokens / t, 1)
         per_row = max(1, round(tokens / b))
         ids, mask = left_pad([tr.prompt_ids for tr in trajs], tok.pad_token_id)

@@ -5,22 +5,26 @@
 # compiled static-cache path) and one GRPO step with LoRA and full fine-tuning. See benchmarks/gpu.py.
 #
 #   bash benchmarks/gpu.sh                 # uses the python on PATH (torch with CUDA installed)
-#   WHEELS=dir bash benchmarks/gpu.sh      # installs r3rag's missing dependencies from wheel files
+#   WHEELS=dir bash benchmarks/gpu.sh      # first installs the wheel files in dir (--no-deps, into a temp dir)
 #   bash benchmarks/gpu.sh --smoke         # tiny shapes: check the script on any machine first
 #
-# Preparing the wheels on a machine with network, for the GPU machine's Python (e.g. 3.11):
-#   pip download -d wheels --only-binary=:all: --python-version 3.11 \
-#       "trl>=1.16,<1.17" "transformers>=5.0,<6" peft accelerate datasets bm25s rank-bm25 faiss-cpu typer rich pyyaml matplotlib
+# The wheels: `bash benchmarks/gpu_wheels.sh .whl` on a machine with PyPI fetches r3rag's dependencies
+# that the GPU machine's image lacks (for the lent H200: trl, datasets, bm25s, faiss-cpu, ...).
+# r3rag itself runs from src/ (no install: nothing is resolved or built there).
 # The last line printed is JSON: {"gpu_rollout_speedup_b256": ..., ...}; record it in benchmarks/RESULTS.md.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PYTHON:-python3}
-if ! "$PY" -c "import r3rag, trl, peft, bm25s" 2>/dev/null; then
-    if [ -z "${WHEELS:-}" ]; then
-        echo "error: r3rag or one of its dependencies is not importable; set WHEELS=<dir of wheel files> (no network here)" >&2
-        exit 2
-    fi
-    "$PY" -m pip install -q --no-index --find-links "$WHEELS" -e .
+if [ -n "${WHEELS:-}" ]; then
+    SITE=$(mktemp -d -t r3rag-site-XXXX)
+    "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target "$SITE" "$WHEELS"/*.whl
+    export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
+fi
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"  # gpu.py's stage runs start `python -m r3rag.cli`
+if ! "$PY" -c "import r3rag.cli, trl, peft, bm25s, datasets" 2>/dev/null; then
+    "$PY" -c "import r3rag.cli, trl, peft, bm25s, datasets" 2>&1 | tail -1 >&2
+    echo "error: a dependency of r3rag is not importable; fetch wheels with benchmarks/gpu_wheels.sh and set WHEELS=<dir> (no network here)" >&2
+    exit 2
 fi
 export HF_HUB_OFFLINE=1 TOKENIZERS_PARALLELISM=false
 exec "$PY" benchmarks/gpu.py "$@"

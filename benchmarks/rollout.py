@@ -97,10 +97,6 @@ def plain_generate(model, tok, prompts: list[list[int]], lengths: list[int]) -> 
     return time.perf_counter() - t0
 
 
-def model_tokens(traj) -> int:
-    return sum(len(t.ids or []) for t in traj.turns if t.role == "model")
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--policy")
@@ -114,7 +110,7 @@ def main() -> None:
     reuse = not args.no_reuse_cache
     rollouts(questions[:4], HFGenerator(model, tok, batch_size=4, reuse_cache=reuse), retriever, protocol, tok)  # warm up
     _, trajs = rollouts(questions, HFGenerator(model, tok, batch_size=args.n, reuse_cache=reuse), retriever, protocol, tok)
-    lengths = [model_tokens(tr) for tr in trajs]  # greedy: every run makes these same trajectories
+    lengths = [tr.model_token_count() for tr in trajs]  # greedy: every run makes these same trajectories
     mean_len = max(1, round(sum(lengths) / len(trajs)))
     prompts = [tr.prompt_ids for tr in trajs]
     # Rounds of (env, plain, plain with even rows), best of N each: the three see the same

@@ -1,6 +1,9 @@
 """The rollout loop with scripted generators and real BM25: finish reasons, batching, masks."""
 
+import torch
+
 from r3rag.env import EnvConfig, run_rollouts
+from r3rag.generation.hf import _StopOnStrings
 from r3rag.generation.scripted import ScriptedGenerator
 from r3rag.modeling import train_word_tokenizer
 from r3rag.protocol import Protocol
@@ -65,6 +68,7 @@ def test_mask_marks_model_tokens_only():
     t = trajs["good"]
     ids, mask = t.completion()
     assert len(ids) == len(mask) == sum(len(x.ids) for x in t.turns)
+    assert t.model_token_count() == sum(mask) < len(mask)  # the documents are not the model's tokens
     env_text = tok.decode([i for i, m in zip(ids, mask) if m == 0])
     model_text = tok.decode([i for i, m in zip(ids, mask) if m == 1])
     assert env_text.startswith("<information>") and "Zentro Labs is headquartered in Velmar" in env_text
@@ -113,3 +117,13 @@ def test_reusing_the_kv_cache_between_turns_gives_the_same_rollouts(pipeline_run
     assert cached_gen.store.reused_tokens > 0
     static_gen = HFGenerator(model, tok, batch_size=3, static_cache=True)  # the GPU path (compiled there)
     assert static_gen.store is None and drive(static_gen) == reencoded
+
+
+def test_static_cache_padding_rows_stop_from_their_first_token():
+    # the static path pads a call to batch_size rows; sampled padding must not prolong the call
+    tok = train_word_tokenizer([d["text"] for d in DOCS] + ["<answer> </answer> Question :"])
+    stop = P.stop_strings()
+    word, answer_end = tok.encode("Velmar")[0], tok.encode("</answer>")[0]
+    ids = torch.tensor([[word, word], [word, answer_end], [word, word], [word, word]])
+    assert _StopOnStrings(tok, stop, start=1, n_real=2)(ids, None).tolist() == [False, True, True, True]
+    assert _StopOnStrings(tok, stop, start=1)(ids, None).tolist() == [False, True, False, False]

@@ -54,6 +54,10 @@ class Trajectory:
     def model_turn_count(self) -> int:
         return sum(t.role == "model" for t in self.turns)
 
+    def model_token_count(self) -> int:
+        """Tokens the model wrote (the environment's documents not counted)."""
+        return sum(len(t.ids or []) for t in self.turns if t.role == "model")
+
     def context_ids(self) -> list[int]:
         ids = list(self.prompt_ids or [])
         for t in self.turns:

@@ -19,7 +19,7 @@ import time
 from r3rag.env import EnvConfig, Trajectory, run_rollouts
 from r3rag.errors import UserError
 from r3rag.protocol import Protocol
-from r3rag.training import completion_with_eos, device_flags
+from r3rag.training import checkpointing_flag, completion_with_eos, device_flags
 
 
 class Timed:
@@ -155,7 +155,7 @@ def build_trainer(model, tokenizer, questions, retriever, protocol: Protocol, sc
         max_completion_length=cfg.max_completion_tokens, reward_weights=weights,
         logging_steps=1, save_strategy="steps" if cfg.save_steps else "no", save_steps=cfg.save_steps or 500,
         save_total_limit=cfg.keep_checkpoints, report_to=list(cfg.report_to) or "none",
-        seed=cfg.seed, activation_checkpointing=cfg.gradient_checkpointing,
+        seed=cfg.seed, **checkpointing_flag(cfg.gradient_checkpointing),
         disable_tqdm=False, ddp_find_unused_parameters=False, **vllm, **device_flags(cfg.bf16),
     )
     ds = Dataset.from_dict({"prompt": [protocol.context_prompt(q["question"], tokenizer) for q in questions]})

@@ -101,6 +101,15 @@ def load_protocol_dict(policy_dir: Path) -> dict:
     return json.loads((policy_dir / "policy.json").read_text())["protocol"]
 
 
+def checkpointing_flag(enabled: bool) -> dict:
+    """The trainer flag for activation checkpointing under this transformers' name for it: later
+    5.x releases renamed `gradient_checkpointing` (now a deprecated alias) to `activation_checkpointing`."""
+    from transformers import TrainingArguments
+
+    fields = TrainingArguments.__dataclass_fields__
+    return {"activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing": enabled}
+
+
 def device_flags(bf16: bool | str) -> dict:
     """Trainer flags: CPU when there is no GPU; bf16 autocast where supported ("auto") or as asked."""
     from r3rag.errors import UserError

@@ -32,19 +32,24 @@ def single_token_ids(tokenizer, stops: tuple[str, ...]) -> list[int] | None:
 
 
 class _StopOnStrings(StoppingCriteria):
-    """Per-row stop: the generated tail (never the context) contains a stop string."""
+    """Per-row stop: the generated tail (never the context) contains a stop string. Rows from
+    `n_real` on are padding (see `HFGenerator.static_cache`): stopped from their first token."""
 
-    def __init__(self, tokenizer, stops: tuple[str, ...], start: int):
-        self.tokenizer, self.stops, self.start = tokenizer, stops, start
+    def __init__(self, tokenizer, stops: tuple[str, ...], start: int, n_real: int | None = None):
+        self.tokenizer, self.stops, self.start, self.n_real = tokenizer, stops, start, n_real
         ids = single_token_ids(tokenizer, stops)
         self.stop_ids = None if ids is None else torch.tensor(ids)
 
     def __call__(self, input_ids: torch.LongTensor, scores, **kwargs) -> torch.BoolTensor:
         if self.stop_ids is not None:  # fast path: one id per stop string, no decoding per step
-            return torch.isin(input_ids[:, -1], self.stop_ids.to(input_ids.device))
-        lo = max(self.start, input_ids.shape[1] - _WINDOW)
-        tails = self.tokenizer.batch_decode(input_ids[:, lo:], skip_special_tokens=False)
-        return torch.tensor([any(s in t for s in self.stops) for t in tails], device=input_ids.device)
+            done = torch.isin(input_ids[:, -1], self.stop_ids.to(input_ids.device))
+        else:
+            lo = max(self.start, input_ids.shape[1] - _WINDOW)
+            tails = self.tokenizer.batch_decode(input_ids[:, lo:], skip_special_tokens=False)
+            done = torch.tensor([any(s in t for s in self.stops) for t in tails], device=input_ids.device)
+        if self.n_real is not None:
+            done[self.n_real:] = True
+        return done
 
 
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -66,8 +71,11 @@ class HFGenerator:
     `static_cache`: the GPU path. Decode into a preallocated (static) KV cache, which
     transformers compiles (torch.compile, CUDA graphs) on CUDA: plain `generate` is bound by
     Python and kernel launches at small models and large batches. Each turn then re-encodes
-    its context (cheap on a GPU next to decoding), so it replaces `reuse_cache`. Same tokens
-    as the dynamic cache (tested greedy on CPU, where nothing is compiled)."""
+    its context (cheap on a GPU next to decoding), so it replaces `reuse_cache`. A compiled
+    step is specialised to its shapes, so every call is padded to `batch_size` rows (copies
+    of its first row, stopped at once and dropped) and the cache length rounded up to 256: as
+    turns finish rows, later calls reuse the compiled step instead of compiling again. Same
+    tokens as the dynamic cache (tested greedy on CPU, where nothing is compiled)."""
 
     def __init__(self, model, tokenizer, batch_size: int = 64, temperature: float = 0.0, top_p: float = 1.0,
                  reuse_cache: bool = True, static_cache: bool = False):
@@ -97,6 +105,9 @@ class HFGenerator:
     def _generate_batch(self, seqs: list[list[int]], stop: tuple[str, ...], max_new_tokens: int,
                         keys: list[int] | None = None) -> list[Generated]:
         device = self.model.device
+        n_real = len(seqs)
+        if self.static_cache:  # one batch shape for every call (see the class docstring)
+            seqs = seqs + [seqs[0]] * (self.batch_size - n_real)
         plan = self.store.plan(seqs, keys, device) if self.store is not None and keys else None
         if plan is not None:
             input_ids, attention, cache = plan.input_ids, plan.mask, plan.cache
@@ -112,11 +123,11 @@ class HFGenerator:
             max_new_tokens=max_new_tokens, do_sample=sample,
             temperature=self.temperature if sample else None, top_p=self.top_p if sample else None,
             top_k=None, pad_token_id=self.pad_id, eos_token_id=self.tokenizer.eos_token_id,
-            stopping_criteria=StoppingCriteriaList([_StopOnStrings(self.tokenizer, stop, width)]),
+            stopping_criteria=StoppingCriteriaList([_StopOnStrings(self.tokenizer, stop, width, n_real)]),
             return_dict_in_generate=True, use_cache=True,
         )
         stop_ids = single_token_ids(self.tokenizer, stop)
-        results = [self._cut(row[width:].tolist(), stop, stop_ids) for row in out.sequences]
+        results = [self._cut(row[width:].tolist(), stop, stop_ids) for row in out.sequences[:n_real]]
         out_cache = getattr(out, _CACHE_KWARG, None)
         if self.store is not None and keys and isinstance(out_cache, DynamicCache):
             self.store.save(keys, seqs, attention, out_cache, [g.ids for g in results],

@@ -123,7 +123,7 @@ def train_lm(model, tokenizer, texts: list[str], cfg: Config, out_dir) -> dict:
     from trl import SFTConfig
 
     from r3rag.trainers import FastSFTTrainer
-    from r3rag.training import device_flags
+    from r3rag.training import checkpointing_flag, device_flags
 
     seqs = pack(texts, tokenizer, cfg.max_length)
     if not seqs:
@@ -133,7 +133,7 @@ def train_lm(model, tokenizer, texts: list[str], cfg: Config, out_dir) -> dict:
         output_dir=str(out_dir), num_train_epochs=cfg.epochs, per_device_train_batch_size=cfg.batch_size,
         learning_rate=cfg.lr, lr_scheduler_type="cosine", warmup_steps=cfg.warmup_ratio, logging_steps=20,
         save_strategy="no", report_to=[], seed=cfg.seed, max_length=cfg.max_length,
-        activation_checkpointing=False, dataloader_num_workers=0, disable_tqdm=False, **device_flags(cfg.bf16),
+        dataloader_num_workers=0, disable_tqdm=False, **checkpointing_flag(False), **device_flags(cfg.bf16),
     )
     trainer = FastSFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tokenizer)
     result = trainer.train()

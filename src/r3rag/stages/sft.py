@@ -114,7 +114,7 @@ def train_sft(model, tokenizer, rows, cfg: Config, out_dir, ctx: Context) -> dic
     from trl import SFTConfig
 
     from r3rag.trainers import FastSFTTrainer
-    from r3rag.training import device_flags
+    from r3rag.training import checkpointing_flag, device_flags
 
     if cfg.view == "step":
         encoded = [s for r in rows for s in tokenize_steps(r, tokenizer, cfg.max_length)]
@@ -126,8 +126,7 @@ def train_sft(model, tokenizer, rows, cfg: Config, out_dir, ctx: Context) -> dic
         gradient_accumulation_steps=cfg.grad_accum, learning_rate=cfg.lr, lr_scheduler_type="cosine",
         warmup_steps=cfg.warmup_ratio, weight_decay=cfg.weight_decay, logging_steps=20, save_strategy="no",
         report_to=[], seed=cfg.seed, max_length=cfg.max_length, train_sampling_strategy="group_by_length",
-        activation_checkpointing=False, dataloader_num_workers=0, disable_tqdm=False,
-        **device_flags(cfg.bf16),
+        dataloader_num_workers=0, disable_tqdm=False, **checkpointing_flag(False), **device_flags(cfg.bf16),
     )
     trainer = FastSFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tokenizer)
     result = trainer.train()
