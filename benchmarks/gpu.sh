@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # GPU figures in one command, on a machine with one CUDA device and no network (~8 minutes on
-# an H200): the demo pipeline on CUDA (4x128 and 8x512 policies), rollout tokens/s of a random
-# Qwen2.5-0.5B-shaped model at batch 64 and 256 (plain generate, the env, the env on the
-# compiled static-cache path) and one GRPO step with LoRA and full fine-tuning. See benchmarks/gpu.py.
+# an H200): rollout tokens/s of a random Qwen2.5-0.5B-shaped model at batch 64 and 256 (plain
+# generate, the env, the env on the compiled static-cache path), one GRPO step with LoRA and
+# full fine-tuning, and the demo pipeline on CUDA (4x128 and 8x512 policies), in that order;
+# parts that would start after --deadline-s (default 420) are skipped. See benchmarks/gpu.py.
 #
 #   bash benchmarks/gpu.sh                 # uses the python on PATH (torch with CUDA installed)
 #   WHEELS=dir bash benchmarks/gpu.sh      # first installs the wheel files in dir (--no-deps, into a temp dir)
