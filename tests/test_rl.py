@@ -13,6 +13,7 @@ import pytest
 import torch
 
 from r3rag.env import EnvConfig, run_rollouts
+from r3rag.errors import UserError
 from r3rag.generation.scripted import ScriptedGenerator
 from r3rag.grpo import rollout_batch
 from r3rag.modeling import tiny_model, train_word_tokenizer
@@ -176,6 +177,22 @@ def test_vllm_asked_for_but_missing_is_a_clear_error(pipeline_runs):
     runs, _ = pipeline_runs
     out = r3rag("rl", "--runs-dir", str(runs), "--set", "vllm=colocate")
     assert_one_line_error(out, "rl.vllm=colocate: vLLM is not installed")
+
+
+@pytest.mark.parametrize("installed, gpu, expected", [(True, True, "colocate"), (True, False, ""), (False, True, "")])
+def test_vllm_auto_uses_vllm_only_where_it_is_installed_and_a_gpu_is_present(monkeypatch, installed, gpu, expected):
+    import importlib.util
+
+    from r3rag.grpo import resolve_vllm
+
+    find_spec = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: (object() if installed else None) if name == "vllm" else find_spec(name, *a))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
+    assert resolve_vllm("auto") == expected
+    assert resolve_vllm("") == ""
+    with pytest.raises(UserError, match="expected auto"):
+        resolve_vllm("vllm")
 
 
 @pytest.mark.parametrize("name", ["search-r1-qwen2.5-3b.yaml", "r3rag-qwen2.5-7b.yaml", "demo.yaml"])

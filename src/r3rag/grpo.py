@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import os
 import time
+from dataclasses import replace
 
 from r3rag.env import EnvConfig, Trajectory, run_rollouts
 from r3rag.errors import UserError
@@ -111,15 +112,23 @@ class generator:
         return self._ctx.__exit__(*exc) if self._ctx is not None else False
 
 
-def check_vllm(mode: str) -> None:
-    """A clear error when vLLM rollouts are asked for and cannot run."""
+def resolve_vllm(mode: str) -> str:
+    """The rollout backend `rl.vllm` asks for: "" (transformers), colocate or server. "auto" (the
+    default) is colocate where vLLM is installed and a GPU is present, else transformers.
+    A clear error when vLLM is asked for by name and is not installed."""
     import importlib.util
 
-    if mode not in ("", "colocate", "server"):
-        raise UserError(f"rl.vllm: expected '' (transformers), colocate or server, got {mode!r}")
-    if mode and importlib.util.find_spec("vllm") is None:
+    import torch
+
+    if mode not in ("auto", "", "colocate", "server"):
+        raise UserError(f"rl.vllm: expected auto, '' (transformers), colocate or server, got {mode!r}")
+    installed = importlib.util.find_spec("vllm") is not None
+    if mode == "auto":
+        return "colocate" if installed and torch.cuda.is_available() else ""
+    if mode and not installed:
         raise UserError(f"rl.vllm={mode}: vLLM is not installed (pip install 'trl[vllm]'); "
                         "set rl.vllm='' to generate with transformers")
+    return mode
 
 
 def world_size() -> int:
@@ -143,6 +152,7 @@ def build_trainer(model, tokenizer, questions, retriever, protocol: Protocol, sc
     from r3rag.rewards import trl_reward_funcs
 
     funcs, weights = trl_reward_funcs(scorer)
+    cfg = replace(cfg, vllm=resolve_vllm(cfg.vllm))  # "auto" -> the backend this machine has
     vllm = dict(use_vllm=True, vllm_mode=cfg.vllm, vllm_server_base_url=cfg.vllm_server_url or None,
                 vllm_gpu_memory_utilization=cfg.vllm_gpu_memory) if cfg.vllm else {}
     args = GRPOConfig(

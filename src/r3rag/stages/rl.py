@@ -84,7 +84,7 @@ class Config:
     gen_batch_size: int = 64
     mask_retrieved: bool = True  # no loss on retrieved tokens (false: Search-R1's ablation)
     static_cache: bool = False  # transformers: compiled static-cache decoding (GPUs; see benchmarks/gpu.sh)
-    vllm: str = ""  # "" (transformers), colocate or server (TRL's vLLM integration)
+    vllm: str = "auto"  # auto (colocate where vLLM is installed and a GPU present), "" (transformers), colocate, server
     vllm_server_url: str = ""
     vllm_gpu_memory: float = 0.3
     # rewards
@@ -116,9 +116,9 @@ def run(cfg: Config, ctx: Context):
     if writer.existing:
         return ctx.skipped(writer)
     set_threads(cfg.threads)
-    from r3rag.grpo import check_vllm
+    from r3rag.grpo import resolve_vllm
 
-    check_vllm(cfg.vllm)
+    backend = resolve_vllm(cfg.vllm)  # a clear error before any work when vLLM is asked for and missing
     import torch
 
     # One process, or one of `accelerate launch`'s; on CPU only cpu=True joins the gloo group.
@@ -127,6 +127,8 @@ def run(cfg: Config, ctx: Context):
     resume_from = _prepare_work(work, cfg.resume, state)
     model, tokenizer, protocol_dict, base = _start(cfg, inputs)
     questions = _questions(cfg, inputs)
+    if state.is_main_process:
+        ctx.console.print(f"rl: rollouts with {f'vLLM ({backend})' if backend else 'transformers'}")
     t0 = time.time()
     trainer = _trainer(cfg, model, tokenizer, protocol_dict, questions, inputs, work, state.process_index)
     trainer.train(resume_from_checkpoint=resume_from)
