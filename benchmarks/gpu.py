@@ -1,10 +1,15 @@
 """GPU figures (run by benchmarks/gpu.sh on one CUDA device; `--smoke` checks it on a CPU).
 
 1. rollout: a randomly initialised Qwen2.5-0.5B-shaped model (bf16) on synthetic-world
-   prompts at batch 64 and 256: plain `model.generate` tokens/s (fixed length, no stops),
-   the multi-turn env with transformers' dynamic cache, and the env with the compiled
-   static-cache path (`HFGenerator(static_cache=True)`, `rl.static_cache=true`).
-   `gpu_rollout_speedup_b256` = env tokens/s on the static path / plain generate tokens/s.
+   prompts at batch 64 and 256: the multi-turn env with transformers' dynamic cache, the env
+   with the compiled static-cache path (`HFGenerator(static_cache=True)`, `rl.static_cache=true`),
+   and plain `model.generate` in which each row writes as many tokens as its trajectory's
+   model turns did (no stops, retrieval or documents). A random model never writes a tag, so
+   `ScriptedTurns` makes it write like a searching policy (two searches of 4-12 words, then a
+   short answer): the forward passes are its own, only the chosen token is forced, so the env's
+   turns, BM25 searches and document encoding are real. `gpu_rollout_speedup_b256` = env
+   tokens/s on the static path / plain generate tokens/s; `env_overhead_dynamic` = plain
+   generate tokens/s / env tokens/s (dynamic cache) - 1.
 2. grpo: one `r3rag rl` step of that model (16 prompts x 8), with LoRA and with full
    fine-tuning: seconds per step and peak GPU memory.
 3. demo: `r3rag run pipelines/demo.yaml` on the device, then the same with a larger 8x512
@@ -23,6 +28,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import random
 import subprocess
 import sys
 import tempfile
@@ -81,16 +87,49 @@ def random_qwen(shape: dict, device: str):
     return Qwen2ForCausalLM(cfg).to(device=device, dtype=dtype).eval(), tok
 
 
+class ScriptedTurns:
+    """A logits processor that makes a random model write like a searching policy: in each generate
+    call (the env makes one per turn) every row writes `<search>` + 4-12 world words + `</search>`
+    (the first two turns) or `<answer>` + 1-3 words + `</answer>` (later turns). Every other token
+    gets -inf, so sampling picks the scripted one. A call starts where the batch's length does
+    not continue the previous step's (the env's documents lie between two calls)."""
+
+    def __init__(self, tok, words: list[str], seed: int = 0):
+        self.tags = tok.convert_tokens_to_ids(["<search>", "</search>", "<answer>", "</answer>"])
+        self.words = [i for i in tok.convert_tokens_to_ids(words) if i != tok.unk_token_id]
+        self.rng, self.last, self.turn = random.Random(seed), None, -1
+
+    def _script(self) -> list[int]:
+        if self.turn < 2:
+            return [self.tags[0], *self.rng.choices(self.words, k=self.rng.randint(4, 12)), self.tags[1]]
+        return [self.tags[2], *self.rng.choices(self.words, k=self.rng.randint(1, 3)), self.tags[3]]
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        rows, length = input_ids.shape
+        if self.last != (rows, length - 1):  # a new call: the next turn
+            self.turn, self.start = self.turn + 1, length
+            scripts = [self._script() for _ in range(rows)]
+            width = max(map(len, scripts))  # a finished row repeats its closing tag (it is stopped)
+            self.scripts = torch.tensor([s + s[-1:] * (width - len(s)) for s in scripts], device=scores.device)
+        self.last = (rows, length)
+        forced = self.scripts[:, min(length - self.start, self.scripts.shape[1] - 1)]
+        return torch.full_like(scores, float("-inf")).scatter_(1, forced[:, None], 0.0)
+
+
 def rollout(shape: dict, device: str, batches: list[int]) -> dict:
-    from r3rag.data.world import WorldConfig, generate_world
+    from transformers import StoppingCriteriaList
+
+    from r3rag.data.world import WorldConfig, generate_world, world_vocabulary
     from r3rag.env import EnvConfig, run_rollouts
     from r3rag.generation.hf import HFGenerator, left_pad
     from r3rag.protocol import Protocol
     from r3rag.retrieval.bm25 import BM25Retriever
+    from rollout import StopAtLength  # benchmarks/rollout.py
 
     model, tok = random_qwen(shape, device)
     world = generate_world(WorldConfig())
     retriever = BM25Retriever.build(world.docs)
+    words = world_vocabulary(WorldConfig())
     protocol, env = Protocol(template="minimal", doc_style="plain"), EnvConfig(max_new_tokens=48, max_turns=4)
     out = {}
 
@@ -107,7 +146,8 @@ def rollout(shape: dict, device: str, batches: list[int]) -> dict:
         questions = (world.test * (b // len(world.test) + 1))[:b]
 
         def env_run(static: bool):
-            gen = HFGenerator(model, tok, batch_size=b, temperature=1.0, static_cache=static)
+            gen = HFGenerator(model, tok, batch_size=b, temperature=1.0, static_cache=static,
+                              logits_processors=[ScriptedTurns(tok, words)])
             return run_rollouts(questions, gen, retriever, protocol, env, tok)
 
         row = {}
@@ -116,15 +156,19 @@ def rollout(shape: dict, device: str, batches: list[int]) -> dict:
             t, trajs = timed(lambda: env_run(static))
             tokens = sum(tr.model_token_count() for tr in trajs)
             row[name] = round(tokens / t, 1)
-        per_row = max(1, round(tokens / b))
+        lengths = [tr.model_token_count() for tr in trajs]
         ids, mask = left_pad([tr.prompt_ids for tr in trajs], tok.pad_token_id)
+        stop = StoppingCriteriaList([StopAtLength(ids.shape[1], lengths)])
         plain = lambda: model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),  # noqa: E731
-                                       min_new_tokens=per_row, max_new_tokens=per_row, do_sample=True,
-                                       pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+                                       min_new_tokens=max(lengths), max_new_tokens=max(lengths), do_sample=True,
+                                       stopping_criteria=stop, pad_token_id=tok.pad_token_id,
+                                       eos_token_id=tok.eos_token_id)
         with torch.no_grad():
             plain()
             t_plain, _ = timed(plain)
-        row["plain_generate"] = round(per_row * b / t_plain, 1)
+        row["plain_generate"] = round(sum(lengths) / t_plain, 1)
+        row["searches_per_trajectory"] = round(sum(len(tr.queries) for tr in trajs) / b, 2)
+        row["model_tokens_per_trajectory"] = round(sum(lengths) / b, 1)
         row["env_overhead_dynamic"] = round(row["plain_generate"] / row["env_dynamic"] - 1, 3)
         row["speedup_static_vs_plain"] = round(row["env_static"] / row["plain_generate"], 2)
         out[b] = row

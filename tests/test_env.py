@@ -127,3 +127,23 @@ def test_static_cache_padding_rows_stop_from_their_first_token():
     ids = torch.tensor([[word, word], [word, answer_end], [word, word], [word, word]])
     assert _StopOnStrings(tok, stop, start=1, n_real=2)(ids, None).tolist() == [False, True, True, True]
     assert _StopOnStrings(tok, stop, start=1)(ids, None).tolist() == [False, True, False, False]
+
+
+def test_logits_processors_steer_every_step_of_the_hf_generator():
+    from r3rag.env import new_trajectory
+    from r3rag.generation.hf import HFGenerator
+    from r3rag.modeling import tiny_model
+
+    tok = train_word_tokenizer([d["text"] for d in DOCS] + ["Where is it ? Question :"])
+    script = tok.convert_tokens_to_ids(["<answer>", "Velmar", "</answer>"])
+    traj = new_trajectory({"id": "q", "question": "Where is it ?"}, P, tok)
+    start = len(traj.prompt_ids)
+
+    def force(input_ids, scores):  # the script's next token, whatever the random model prefers
+        forced = torch.full_like(scores, float("-inf"))
+        forced[:, script[min(input_ids.shape[1] - start, len(script) - 1)]] = 0.0
+        return forced
+
+    gen = HFGenerator(tiny_model(tok).eval(), tok, temperature=1.0, logits_processors=[force])
+    out = gen.generate([traj], P.stop_strings(), max_new_tokens=10)[0]
+    assert out.text == "<answer> Velmar </answer>" and out.finish == "stop"

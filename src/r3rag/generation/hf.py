@@ -8,7 +8,7 @@ Usage:
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache, StoppingCriteria, StoppingCriteriaList
+from transformers import DynamicCache, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from r3rag.env import Generated, Trajectory
@@ -75,13 +75,17 @@ class HFGenerator:
     step is specialised to its shapes, so every call is padded to `batch_size` rows (copies
     of its first row, stopped at once and dropped) and the cache length rounded up to 256: as
     turns finish rows, later calls reuse the compiled step instead of compiling again. Same
-    tokens as the dynamic cache (tested greedy on CPU, where nothing is compiled)."""
+    tokens as the dynamic cache (tested greedy on CPU, where nothing is compiled).
+
+    `logits_processors`: transformers `LogitsProcessor`s applied at every step of every call
+    (e.g. to ban tokens; benchmarks/gpu.py uses one to make a random model write turns)."""
 
     def __init__(self, model, tokenizer, batch_size: int = 64, temperature: float = 0.0, top_p: float = 1.0,
-                 reuse_cache: bool = True, static_cache: bool = False):
+                 reuse_cache: bool = True, static_cache: bool = False, logits_processors: tuple = ()):
         self.model, self.tokenizer = model, tokenizer
         self.batch_size, self.temperature, self.top_p = batch_size, temperature, top_p
         self.static_cache = static_cache
+        self.logits_processors = LogitsProcessorList(logits_processors)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
         self.store = PrefixCacheStore(self.pad_id) if reuse_cache and not static_cache else None
         self._alive: dict[int, Trajectory] = {}  # keeps the keyed trajectories (ids) alive
@@ -124,6 +128,7 @@ class HFGenerator:
             temperature=self.temperature if sample else None, top_p=self.top_p if sample else None,
             top_k=None, pad_token_id=self.pad_id, eos_token_id=self.tokenizer.eos_token_id,
             stopping_criteria=StoppingCriteriaList([_StopOnStrings(self.tokenizer, stop, width, n_real)]),
+            logits_processor=self.logits_processors,
             return_dict_in_generate=True, use_cache=True,
         )
         stop_ids = single_token_ids(self.tokenizer, stop)
