@@ -58,6 +58,7 @@ def test_experiment_shares_artifacts_fills_placeholders_and_writes_the_table(tmp
         assert cfg["seed"] == 3  # the command line's override reached every variant's rl
     md = (ref.path / "table.md").read_text()
     assert md.splitlines()[0].startswith("|  | EM [95% CI]") and "| no masking |" in md and "Wall time" in md
+    assert (ref.path / "table.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the EM chart
     again = run_pipeline(_experiment(tmp_path), ["rl.seed=3"], runs)  # everything reused, the same table
     assert again.path == ref.path and (again.path / "table.md").read_text() == md
 

@@ -139,7 +139,7 @@ def plan_experiment(path: Path, data: dict, overrides: list[str], runs_dir: Path
 def write_table(path: Path, data: dict, built: dict, wall: float, runs_dir, console) -> ArtifactRef:
     import json
 
-    from r3rag.results_table import build_rows, markdown
+    from r3rag.results_table import build_rows, markdown, plot
 
     evals = {name: refs["eval"] for name, refs in built.items() if "eval" in refs}
     rows = build_rows(data["table"], built, path)
@@ -155,6 +155,7 @@ def write_table(path: Path, data: dict, built: dict, wall: float, runs_dir, cons
     with writer:
         (writer.dir / "table.md").write_text(text)
         (writer.dir / "table.json").write_text(json.dumps({"rows": rows, **about}, indent=2))
+        plot(rows, writer.dir / "table.png")
         writer.metrics.update({r["label"]: r["em"] for r in rows})
         writer.extra["about"] = about
     print(text)

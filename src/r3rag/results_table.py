@@ -3,6 +3,7 @@
 Usage:
     rows = build_rows({"SFT": "main/sft"}, {"main": {"sft": ref, "eval": ref}}, path)
     print(markdown(rows, {"date": "...", "machine": "...", "wall_seconds": 1.0, "compute_seconds": 2.0}))
+    plot(rows, Path("table.png"))  # EM per row with its 95% interval
 """
 
 from __future__ import annotations
@@ -78,3 +79,26 @@ def markdown(rows: list[dict], about: dict) -> str:
               f"(artifacts' build time {about['compute_seconds'] / 60:.1f} min; reused artifacts count "
               "the time they took when first built)."]
     return "\n".join(lines) + "\n"
+
+
+def plot(rows: list[dict], path: Path) -> None:
+    """EM per row (the table's order, top to bottom) with its 95% interval, one horizontal bar each."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    ys = range(len(rows))[::-1]  # the first row at the top
+    ems = [r["em"] for r in rows]
+    cis = [r["em_ci"] or (r["em"], r["em"]) for r in rows]
+    err = [[em - lo for em, (lo, _) in zip(ems, cis)], [hi - em for em, (_, hi) in zip(ems, cis)]]
+    fig, ax = plt.subplots(figsize=(8, 0.38 * len(rows) + 1.0))
+    ax.barh(list(ys), ems, xerr=err, color="#3b6fb6", capsize=3, height=0.6)
+    for y, em, (_, hi) in zip(ys, ems, cis):  # the value right of its interval
+        ax.text(min(hi, 0.93) + 0.015, y, f"{em:.3f}", va="center", fontsize=7)
+    ax.set_yticks(list(ys), [r["label"] for r in rows], fontsize=8)
+    ax.set_xlim(0, 1)
+    ax.set_xlabel("held-out EM (95% bootstrap interval)")
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
