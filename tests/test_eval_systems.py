@@ -29,6 +29,15 @@ def test_any_transformers_model_path_is_a_system(pipeline_runs):
     assert [p["answer"] for p in preds] == [p["answer"] for p in sft_preds]
 
 
+def test_static_cache_decoding_gives_the_same_answers(pipeline_runs):
+    runs, _ = pipeline_runs
+    _, dynamic, _ = _eval(runs, "systems=[sft]", "name=sftonly")
+    _, static, ref = _eval(runs, "systems=[sft]", "static_cache=true", "name=static")
+    assert [p["answer"] for p in static] == [p["answer"] for p in dynamic]
+    assert [p["tokens"] for p in static] == [p["tokens"] for p in dynamic]
+    assert ref.manifest["config"]["static_cache"] is True
+
+
 def test_endpoint_policy_and_llm_judge(pipeline_runs):
     runs, _ = pipeline_runs
 

@@ -73,7 +73,8 @@ def check_spec(label: str, spec: SystemSpec) -> None:
         raise UserError(f"eval.models.{label}: a scripted system runs in mode iterative")
 
 
-def load_system(label: str, spec: SystemSpec, policy_path: Path | None, batch_size: int) -> System:
+def load_system(label: str, spec: SystemSpec, policy_path: Path | None, batch_size: int,
+                static_cache: bool = False) -> System:
     """`policy_path`: the resolved artifact when `spec.model` is a policy artifact."""
     check_spec(label, spec)
     if spec.scripted:
@@ -98,7 +99,7 @@ def load_system(label: str, spec: SystemSpec, policy_path: Path | None, batch_si
         import torch
 
         torch.manual_seed(seed)  # sampling draws from torch's generator
-        return HFGenerator(model, tokenizer, batch_size=batch_size, temperature=temperature)
+        return HFGenerator(model, tokenizer, batch_size=batch_size, temperature=temperature, static_cache=static_cache)
 
     return System(label, spec.mode, protocol, make, tokenizer)
 

@@ -52,6 +52,8 @@ BUILTINS = {"direct": "direct", "rag": "rag", "sft": "iterative", "rl": "iterati
 
 @dataclass
 class Config:
+    UNHASHED = ("static_cache",)  # how to decode, not what is measured: the same tokens either way
+
     name: str = "default"
     world: str = "world:latest"
     questions: str = ""  # an imported questions file (r3rag import) instead of the world's split
@@ -69,6 +71,7 @@ class Config:
     max_turns: int = 6
     max_new_tokens: int = 48
     batch_size: int = 128
+    static_cache: bool = False  # transformers systems: compiled static-cache decoding (GPUs; same tokens)
     temperature: float = 0.0  # 0 = greedy
     n_samples: int = 1  # draws per question when sampling
     judge: JudgeSpec = field(default_factory=JudgeSpec)
@@ -100,7 +103,8 @@ def run(cfg: Config, ctx: Context):
         t0 = time.time()
         results, predictions = {}, []
         for label, spec in specs.items():
-            system = load_system(label, spec, policies[label].path if label in policies else None, cfg.batch_size)
+            system = load_system(label, spec, policies[label].path if label in policies else None, cfg.batch_size,
+                                 cfg.static_cache)
             for r_label, r_ref in retrievers.items():
                 name = f"{label}@{r_label}" if len(retrievers) > 1 else label
                 retriever = None if system.mode == "direct" else _open(r_ref)
