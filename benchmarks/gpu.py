@@ -5,7 +5,7 @@
    with the compiled static-cache path (`HFGenerator(static_cache=True)`, `rl.static_cache=true`),
    and plain `model.generate` in which each row writes as many tokens as its trajectory's
    model turns did (no stops, retrieval or documents). A random model never writes a tag, so
-   `ScriptedTurns` makes it write like a searching policy (two searches of 4-12 words, then a
+   `policy.ScriptedTurns` makes it write like a searching policy (two searches of 4-12 words, then a
    short answer): the forward passes are its own, only the chosen token is forced, so the env's
    turns, BM25 searches and document encoding are real. `gpu_rollout_speedup_b256` = env
    tokens/s on the static path / plain generate tokens/s; `env_overhead_dynamic` = plain
@@ -28,7 +28,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import random
 import subprocess
 import sys
 import tempfile
@@ -87,35 +86,6 @@ def random_qwen(shape: dict, device: str):
     return Qwen2ForCausalLM(cfg).to(device=device, dtype=dtype).eval(), tok
 
 
-class ScriptedTurns:
-    """A logits processor that makes a random model write like a searching policy: in each generate
-    call (the env makes one per turn) every row writes `<search>` + 4-12 world words + `</search>`
-    (the first two turns) or `<answer>` + 1-3 words + `</answer>` (later turns). Every other token
-    gets -inf, so sampling picks the scripted one. A call starts where the batch's length does
-    not continue the previous step's (the env's documents lie between two calls)."""
-
-    def __init__(self, tok, words: list[str], seed: int = 0):
-        self.tags = tok.convert_tokens_to_ids(["<search>", "</search>", "<answer>", "</answer>"])
-        self.words = [i for i in tok.convert_tokens_to_ids(words) if i != tok.unk_token_id]
-        self.rng, self.last, self.turn = random.Random(seed), None, -1
-
-    def _script(self) -> list[int]:
-        if self.turn < 2:
-            return [self.tags[0], *self.rng.choices(self.words, k=self.rng.randint(4, 12)), self.tags[1]]
-        return [self.tags[2], *self.rng.choices(self.words, k=self.rng.randint(1, 3)), self.tags[3]]
-
-    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
-        rows, length = input_ids.shape
-        if self.last != (rows, length - 1):  # a new call: the next turn
-            self.turn, self.start = self.turn + 1, length
-            scripts = [self._script() for _ in range(rows)]
-            width = max(map(len, scripts))  # a finished row repeats its closing tag (it is stopped)
-            self.scripts = torch.tensor([s + s[-1:] * (width - len(s)) for s in scripts], device=scores.device)
-        self.last = (rows, length)
-        forced = self.scripts[:, min(length - self.start, self.scripts.shape[1] - 1)]
-        return torch.full_like(scores, float("-inf")).scatter_(1, forced[:, None], 0.0)
-
-
 def rollout(shape: dict, device: str, batches: list[int]) -> dict:
     from transformers import StoppingCriteriaList
 
@@ -124,7 +94,8 @@ def rollout(shape: dict, device: str, batches: list[int]) -> dict:
     from r3rag.generation.hf import HFGenerator, left_pad
     from r3rag.protocol import Protocol
     from r3rag.retrieval.bm25 import BM25Retriever
-    from rollout import StopAtLength  # benchmarks/rollout.py
+    from policy import ScriptedTurns  # benchmarks/policy.py
+    from rollout import StopAtLength
 
     model, tok = random_qwen(shape, device)
     world = generate_world(WorldConfig())

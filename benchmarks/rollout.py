@@ -20,7 +20,8 @@
    The generator keeps each trajectory's KV cache between turns (`reuse_cache`);
    `--no-reuse-cache` measures the old path that re-encodes the whole context every turn.
 
-Uses the newest `runs/sft` policy when there is one (`--policy DIR`), else a random tiny model.
+Uses the newest `runs/sft` policy when there is one (`--policy DIR`), else a random tiny model
+that `policy.ScriptedTurns` makes search twice and answer (its forward passes are its own).
 Timings are the best of `--repeats` rounds, each timing the env and both plain calls
 (this machine's timings drift by tens of percent); the one-at-a-time run is timed once.
 
@@ -42,7 +43,7 @@ from transformers import StoppingCriteria, StoppingCriteriaList
 from r3rag.env import EnvConfig, run_rollouts
 from r3rag.generation.hf import HFGenerator, left_pad
 
-from policy import setup  # benchmarks/policy.py
+from policy import setup, steering  # benchmarks/policy.py
 
 
 class ForwardTimer:
@@ -108,8 +109,12 @@ def main() -> None:
     questions, retriever, model, tok, protocol, source = setup(args.policy, args.n, args.threads)
     timer = ForwardTimer(model)
     reuse = not args.no_reuse_cache
-    rollouts(questions[:4], HFGenerator(model, tok, batch_size=4, reuse_cache=reuse), retriever, protocol, tok)  # warm up
-    _, trajs = rollouts(questions, HFGenerator(model, tok, batch_size=args.n, reuse_cache=reuse), retriever, protocol, tok)
+
+    def generator(batch: int) -> HFGenerator:
+        return HFGenerator(model, tok, batch_size=batch, reuse_cache=reuse, logits_processors=steering(source, tok))
+
+    rollouts(questions[:4], generator(4), retriever, protocol, tok)  # warm up
+    _, trajs = rollouts(questions, generator(args.n), retriever, protocol, tok)
     lengths = [tr.model_token_count() for tr in trajs]  # greedy: every run makes these same trajectories
     mean_len = max(1, round(sum(lengths) / len(trajs)))
     prompts = [tr.prompt_ids for tr in trajs]
@@ -118,12 +123,12 @@ def main() -> None:
     t_env = t_plain = t_even = float("inf")
     for _ in range(args.repeats):
         timer.reset()
-        t, _ = rollouts(questions, HFGenerator(model, tok, batch_size=args.n, reuse_cache=reuse), retriever, protocol, tok)
+        t, _ = rollouts(questions, generator(args.n), retriever, protocol, tok)
         if t < t_env:
             t_env, t_encode, t_decode = t, timer.encode, timer.decode
         t_plain = min(t_plain, plain_generate(model, tok, prompts, lengths))
         t_even = min(t_even, plain_generate(model, tok, prompts, [mean_len] * len(trajs)))
-    t_seq, _ = rollouts(questions, HFGenerator(model, tok, batch_size=1, reuse_cache=reuse), retriever, protocol, tok)
+    t_seq, _ = rollouts(questions, generator(1), retriever, protocol, tok)
     report(args, source, trajs, lengths, t_env, t_seq, t_plain, t_even, t_encode, t_decode)
 
 

@@ -75,8 +75,11 @@ class PrefixCacheStore:
         b = len(seqs)
         input_ids = torch.full((b, lc + ln), self.pad_id, dtype=torch.long)
         mask = torch.zeros((b, lc + ln), dtype=torch.long)
-        for r, (s, n) in enumerate(zip(seqs, lens)):  # the cached columns' ids are never fed: pads stay
+        for r, (s, n) in enumerate(zip(seqs, lens)):
             new = s[n:]
+            # The cached columns are never fed to the model (the cache covers them); their real ids
+            # are there for logits processors and stopping criteria that read the whole context.
+            input_ids[r, lc - n: lc] = torch.tensor(s[:n], dtype=torch.long)
             mask[r, lc - n: lc] = 1
             input_ids[r, lc + ln - len(new):] = torch.tensor(new, dtype=torch.long)
             mask[r, lc + ln - len(new):] = 1
