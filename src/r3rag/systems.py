@@ -74,26 +74,27 @@ def check_spec(label: str, spec: SystemSpec) -> None:
 
 
 def load_system(label: str, spec: SystemSpec, policy_path: Path | None, batch_size: int,
-                static_cache: bool = False) -> System:
-    """`policy_path`: the resolved artifact when `spec.model` is a policy artifact."""
+                static_cache: bool = False, backend: str = "transformers") -> System:
+    """`policy_path`: the resolved artifact when `spec.model` is a policy artifact. `backend`:
+    transformers, or vllm (a vLLM engine loads the same weights)."""
     check_spec(label, spec)
     if spec.scripted:
         protocol = Protocol(template=spec.template, doc_style=spec.doc_style)
         return System(label, spec.mode, protocol, lambda temperature, seed: top_title_generator(protocol))
     if spec.endpoint:
         return _endpoint_system(label, spec)
+    if backend == "vllm":
+        return _vllm_system(label, spec, policy_path)
     from r3rag.generation.hf import HFGenerator
     from r3rag.modeling import load_model, load_policy, load_tokenizer
-    from r3rag.training import load_protocol_dict
 
     if policy_path is not None:
         model, tokenizer = load_policy(policy_path)
-        protocol = Protocol(**load_protocol_dict(policy_path))
     else:
         tokenizer = load_tokenizer(spec.model)
         model = load_model(spec.model, dtype=spec.dtype)
         model.eval()
-        protocol = Protocol(template=spec.template, doc_style=spec.doc_style, chat=spec.chat)
+    protocol = _protocol(spec, policy_path)
 
     def make(temperature: float, seed: int):
         import torch
@@ -102,6 +103,27 @@ def load_system(label: str, spec: SystemSpec, policy_path: Path | None, batch_si
         return HFGenerator(model, tokenizer, batch_size=batch_size, temperature=temperature, static_cache=static_cache)
 
     return System(label, spec.mode, protocol, make, tokenizer)
+
+
+def _protocol(spec: SystemSpec, policy_path: Path | None) -> Protocol:
+    """A policy's own protocol, or the spec's prompt for any other model."""
+    from r3rag.training import load_protocol_dict
+
+    if policy_path is not None:
+        return Protocol(**load_protocol_dict(policy_path))
+    return Protocol(template=spec.template, doc_style=spec.doc_style, chat=spec.chat)
+
+
+def _vllm_system(label: str, spec: SystemSpec, policy_path: Path | None) -> System:
+    from r3rag.generation.vllm import LLMGenerator, load_llm, require_vllm
+    from r3rag.modeling import load_tokenizer
+
+    require_vllm("eval.backend=vllm")
+    source = str(policy_path / "model") if policy_path is not None else spec.model
+    tokenizer = load_tokenizer(source)
+    llm = load_llm(source, dtype=spec.dtype)
+    return System(label, spec.mode, _protocol(spec, policy_path),
+                  lambda temperature, seed: LLMGenerator(llm, tokenizer, temperature, seed=seed), tokenizer)
 
 
 def _endpoint_system(label: str, spec: SystemSpec) -> System:

@@ -72,6 +72,7 @@ class Config:
     max_new_tokens: int = 48
     batch_size: int = 128
     static_cache: bool = False  # transformers systems: compiled static-cache decoding (GPUs; same tokens)
+    backend: str = "transformers"  # or vllm: model systems generate with an in-process vLLM engine (GPUs)
     temperature: float = 0.0  # 0 = greedy
     n_samples: int = 1  # draws per question when sampling
     judge: JudgeSpec = field(default_factory=JudgeSpec)
@@ -104,7 +105,7 @@ def run(cfg: Config, ctx: Context):
         results, predictions = {}, []
         for label, spec in specs.items():
             system = load_system(label, spec, policies[label].path if label in policies else None, cfg.batch_size,
-                                 cfg.static_cache)
+                                 cfg.static_cache, cfg.backend)
             for r_label, r_ref in retrievers.items():
                 name = f"{label}@{r_label}" if len(retrievers) > 1 else label
                 retriever = None if system.mode == "direct" else _open(r_ref)
@@ -131,6 +132,8 @@ def validate(cfg: Config) -> None:
     system_specs(cfg)
     if cfg.n_samples < 1:
         raise UserError("eval.n_samples: must be at least 1")
+    if cfg.backend not in ("transformers", "vllm"):
+        raise UserError(f"eval.backend: expected transformers or vllm, got {cfg.backend!r}")
 
 
 def system_specs(cfg: Config) -> dict[str, SystemSpec]:

@@ -1,0 +1,95 @@
+"""The vLLM adapters against a stand-in `vllm` module (vLLM itself needs a GPU): what they send
+(token-id prompts, stop strings, sampling settings) and how they read the results back."""
+
+import importlib.machinery
+import sys
+import types
+from types import SimpleNamespace
+
+import pytest
+
+from r3rag.env import Trajectory
+from r3rag.modeling import train_word_tokenizer
+
+REPLY = "<answer> Velmar </answer>"
+
+
+class FakeLLM:
+    """Stands in for `vllm.LLM`: records what it is given and answers every prompt with `reply` ids."""
+
+    made: list = []
+
+    def __init__(self, model, dtype="auto", gpu_memory_utilization=0.9, seed=0, reply=None):
+        self.model, self.reply, self.calls = model, reply, []
+        FakeLLM.made.append(self)
+
+    def generate(self, prompts, sampling_params, use_tqdm=True):
+        self.calls.append((prompts, sampling_params))
+        finish = "length" if len(self.reply) >= sampling_params.max_tokens else "stop"
+        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=tuple(self.reply), finish_reason=finish)])
+                for _ in prompts]
+
+
+@pytest.fixture
+def fake_vllm(monkeypatch):
+    module = types.ModuleType("vllm")
+    module.__spec__ = importlib.machinery.ModuleSpec("vllm", None)
+    module.LLM, module.SamplingParams = FakeLLM, lambda **kw: SimpleNamespace(**kw)
+    monkeypatch.setitem(sys.modules, "vllm", module)
+    FakeLLM.made = []
+    return module
+
+
+def test_rl_colocate_generator_sends_token_ids_and_reads_back_turns(fake_vllm):
+    from r3rag.generation.vllm import VLLMGenerator
+
+    tok = train_word_tokenizer(["Where is it ? Velmar Question :"])
+    llm = FakeLLM("policy", reply=tok.encode(REPLY) + [tok.eos_token_id])
+    trainer = SimpleNamespace(vllm_generation=SimpleNamespace(mode="colocate", llm=llm), processing_class=tok)
+    traj = Trajectory(id="q", question="Where is it ?", prompt="Where is it ?", prompt_ids=tok.encode("Where is it ?"))
+    out = VLLMGenerator(trainer, temperature=0.7).generate([traj], ("</search>", "</answer>"), 16)[0]
+    assert out.text == REPLY and out.finish == "eos" and out.ids == tok.encode(REPLY)  # eos dropped
+    prompts, params = llm.calls[0]
+    assert prompts == [{"prompt_token_ids": tok.encode("Where is it ?")}]
+    assert params.stop == ["</search>", "</answer>"] and params.include_stop_str_in_output
+    assert params.temperature == 0.7 and params.max_tokens == 16
+
+
+def test_eval_vllm_backend_loads_the_policy_weights_into_an_engine(pipeline_runs, fake_vllm, monkeypatch):
+    import json
+
+    from r3rag.modeling import load_tokenizer
+    from r3rag.pipeline import run_stage
+
+    from r3rag.jsonl import read_jsonl
+
+    runs, refs = pipeline_runs
+    tok = load_tokenizer(refs["sft"].path / "model")
+    first = read_jsonl(refs["world"].path / "test.jsonl")[0]  # every reply is its answer
+    reply = tok.encode(f"<answer> {first['golden_answers'][0]} </answer>", add_special_tokens=False)
+    init = FakeLLM.__init__
+    monkeypatch.setattr(FakeLLM, "__init__", lambda self, model, **kw: init(self, model, reply=reply))
+    pinned = [f"{s}={refs[s].path}" for s in ("world", "index", "sft")]  # other tests add artifacts to runs
+    ref = run_stage("eval", None, ["systems=[sft]", "rl=", "limit=6", "backend=vllm", "name=vllm", *pinned], runs)
+    (engine,) = FakeLLM.made
+    assert engine.model == str(refs["sft"].path / "model")
+    prompts, params = engine.calls[0]
+    assert len(prompts) == 6 and all(p["prompt_token_ids"] for p in prompts)
+    assert params.temperature == 0.0 and "</answer>" in params.stop
+    m = json.loads((ref.path / "metrics.json").read_text())["systems"]["sft"]
+    assert m["n"] == 6 and m["searches"] == 0.0 and m["em"] > 0  # the first question is answered right
+    preds = [json.loads(line) for line in (ref.path / "predictions.jsonl").read_text().splitlines()]
+    assert {p["answer"] for p in preds} == {first["golden_answers"][0]}
+
+
+def test_eval_vllm_backend_without_vllm_is_a_clear_error(pipeline_runs):
+    import importlib.util
+
+    from tests.cli_helpers import assert_one_line_error, r3rag
+
+    if importlib.util.find_spec("vllm") is not None:
+        pytest.skip("vLLM is installed here")
+    runs, _ = pipeline_runs
+    out = r3rag("eval", "--runs-dir", str(runs), "--set", "systems=[sft]", "--set", "rl=", "--set", "limit=2",
+                "--set", "backend=vllm", "--set", "name=novllm")
+    assert_one_line_error(out, "eval.backend=vllm: vLLM is not installed")
