@@ -70,8 +70,9 @@ def test_eval_vllm_backend_loads_the_policy_weights_into_an_engine(pipeline_runs
     init = FakeLLM.__init__
     monkeypatch.setattr(FakeLLM, "__init__", lambda self, model, **kw: init(self, model, reply=reply))
     pinned = [f"{s}={refs[s].path}" for s in ("world", "index", "sft")]  # other tests add artifacts to runs
-    ref = run_stage("eval", None, ["systems=[sft]", "rl=", "limit=6", "backend=vllm", "name=vllm", *pinned], runs)
-    (engine,) = FakeLLM.made
+    ref = run_stage("eval", None, ["systems=[rag,sft]", "rl=", "limit=6", "backend=vllm", "name=vllm", *pinned],
+                    runs)
+    (engine,) = FakeLLM.made  # rag and sft run the same weights: one engine
     assert engine.model == str(refs["sft"].path / "model")
     prompts, params = engine.calls[0]
     assert len(prompts) == 6 and all(p["prompt_token_ids"] for p in prompts)
@@ -79,7 +80,18 @@ def test_eval_vllm_backend_loads_the_policy_weights_into_an_engine(pipeline_runs
     m = json.loads((ref.path / "metrics.json").read_text())["systems"]["sft"]
     assert m["n"] == 6 and m["searches"] == 0.0 and m["em"] > 0  # the first question is answered right
     preds = [json.loads(line) for line in (ref.path / "predictions.jsonl").read_text().splitlines()]
-    assert {p["answer"] for p in preds} == {first["golden_answers"][0]}
+    assert len(preds) == 12 and {p["answer"] for p in preds if p["system"] == "sft"} == {first["golden_answers"][0]}
+
+
+def test_eval_vllm_backend_refuses_two_sets_of_weights(pipeline_runs, fake_vllm):
+    from r3rag.errors import UserError
+    from r3rag.pipeline import run_stage
+
+    runs, refs = pipeline_runs
+    with pytest.raises(UserError, match="one set of weights per eval.*sft, rl"):
+        run_stage("eval", None, ["systems=[sft,rl]", f"sft={refs['sft'].path}", f"rl={refs['rl'].path}",
+                                 "backend=vllm", "name=twoweights", "limit=2"], runs)
+    assert FakeLLM.made == []  # refused before loading anything
 
 
 def test_eval_vllm_backend_without_vllm_is_a_clear_error(pipeline_runs):

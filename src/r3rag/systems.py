@@ -74,9 +74,9 @@ def check_spec(label: str, spec: SystemSpec) -> None:
 
 
 def load_system(label: str, spec: SystemSpec, policy_path: Path | None, batch_size: int,
-                static_cache: bool = False, backend: str = "transformers") -> System:
+                static_cache: bool = False, backend: str = "transformers", engines: dict | None = None) -> System:
     """`policy_path`: the resolved artifact when `spec.model` is a policy artifact. `backend`:
-    transformers, or vllm (a vLLM engine loads the same weights)."""
+    transformers, or vllm (a vLLM engine loads the same weights; `engines` caches them by weights)."""
     check_spec(label, spec)
     if spec.scripted:
         protocol = Protocol(template=spec.template, doc_style=spec.doc_style)
@@ -84,7 +84,7 @@ def load_system(label: str, spec: SystemSpec, policy_path: Path | None, batch_si
     if spec.endpoint:
         return _endpoint_system(label, spec)
     if backend == "vllm":
-        return _vllm_system(label, spec, policy_path)
+        return _vllm_system(label, spec, policy_path, {} if engines is None else engines)
     from r3rag.generation.hf import HFGenerator
     from r3rag.modeling import load_model, load_policy, load_tokenizer
 
@@ -114,14 +114,16 @@ def _protocol(spec: SystemSpec, policy_path: Path | None) -> Protocol:
     return Protocol(template=spec.template, doc_style=spec.doc_style, chat=spec.chat)
 
 
-def _vllm_system(label: str, spec: SystemSpec, policy_path: Path | None) -> System:
+def _vllm_system(label: str, spec: SystemSpec, policy_path: Path | None, engines: dict) -> System:
     from r3rag.generation.vllm import LLMGenerator, load_llm, require_vllm
     from r3rag.modeling import load_tokenizer
 
     require_vllm("eval.backend=vllm")
     source = str(policy_path / "model") if policy_path is not None else spec.model
     tokenizer = load_tokenizer(source)
-    llm = load_llm(source, dtype=spec.dtype)
+    if source not in engines:
+        engines[source] = load_llm(source, dtype=spec.dtype)
+    llm = engines[source]
     return System(label, spec.mode, _protocol(spec, policy_path),
                   lambda temperature, seed: LLMGenerator(llm, tokenizer, temperature, seed=seed), tokenizer)
 

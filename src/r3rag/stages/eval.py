@@ -100,12 +100,14 @@ def run(cfg: Config, ctx: Context):
                  read_jsonl(inputs["world"].path / f"{cfg.split}.jsonl", required=("id", "question", "golden_answers")))
     questions = questions[: cfg.limit] if cfg.limit else questions
     judge = AnswerJudge.from_spec(cfg.judge) if cfg.judge.endpoint else None
+    check_vllm_weights(cfg, specs, policies)
+    engines: dict = {}  # vLLM engines by weights: direct, rag and sft on the sft policy share one
     with writer:
         t0 = time.time()
         results, predictions = {}, []
         for label, spec in specs.items():
             system = load_system(label, spec, policies[label].path if label in policies else None, cfg.batch_size,
-                                 cfg.static_cache, cfg.backend)
+                                 cfg.static_cache, cfg.backend, engines)
             for r_label, r_ref in retrievers.items():
                 name = f"{label}@{r_label}" if len(retrievers) > 1 else label
                 retriever = None if system.mode == "direct" else _open(r_ref)
@@ -134,6 +136,18 @@ def validate(cfg: Config) -> None:
         raise UserError("eval.n_samples: must be at least 1")
     if cfg.backend not in ("transformers", "vllm"):
         raise UserError(f"eval.backend: expected transformers or vllm, got {cfg.backend!r}")
+
+
+def check_vllm_weights(cfg: Config, specs: dict[str, SystemSpec], policies: dict) -> None:
+    """`backend: vllm` runs one set of weights per eval: a vLLM engine takes most of the GPU's memory."""
+    if cfg.backend != "vllm":
+        return
+    weights = {label: str(policies[label].path / "model") if label in policies else spec.model
+               for label, spec in specs.items() if not spec.endpoint and not spec.scripted}
+    if len(set(weights.values())) > 1:
+        raise UserError(f"eval.backend=vllm: one set of weights per eval (each vLLM engine takes most of the GPU); "
+                        f"these systems use {len(set(weights.values()))}: {', '.join(weights)}. "
+                        "Run one eval per model (e.g. systems=[rl]), or backend=transformers")
 
 
 def system_specs(cfg: Config) -> dict[str, SystemSpec]:
