@@ -87,20 +87,17 @@ def random_qwen(shape: dict, device: str):
 
 
 def rollout(shape: dict, device: str, batches: list[int]) -> dict:
-    from transformers import StoppingCriteriaList
-
-    from r3rag.data.world import WorldConfig, generate_world, world_vocabulary
+    from r3rag.data.world import WorldConfig, generate_world
     from r3rag.env import EnvConfig, run_rollouts
-    from r3rag.generation.hf import HFGenerator, left_pad
+    from r3rag.generation.hf import HFGenerator
     from r3rag.protocol import Protocol
     from r3rag.retrieval.bm25 import BM25Retriever
     from policy import ScriptedTurns  # benchmarks/policy.py
-    from rollout import StopAtLength
+    from rollout import plain_generate
 
     model, tok = random_qwen(shape, device)
     world = generate_world(WorldConfig())
     retriever = BM25Retriever.build(world.docs)
-    words = world_vocabulary(WorldConfig())
     protocol, env = Protocol(template="minimal", doc_style="plain"), EnvConfig(max_new_tokens=48, max_turns=4)
     out = {}
 
@@ -118,7 +115,7 @@ def rollout(shape: dict, device: str, batches: list[int]) -> dict:
 
         def env_run(static: bool):
             gen = HFGenerator(model, tok, batch_size=b, temperature=1.0, static_cache=static,
-                              logits_processors=[ScriptedTurns(tok, words)])
+                              logits_processors=[ScriptedTurns(tok)])
             return run_rollouts(questions, gen, retriever, protocol, env, tok)
 
         row = {}
@@ -127,16 +124,9 @@ def rollout(shape: dict, device: str, batches: list[int]) -> dict:
             t, trajs = timed(lambda: env_run(static))
             tokens = sum(tr.model_token_count() for tr in trajs)
             row[name] = round(tokens / t, 1)
-        lengths = [tr.model_token_count() for tr in trajs]
-        ids, mask = left_pad([tr.prompt_ids for tr in trajs], tok.pad_token_id)
-        stop = StoppingCriteriaList([StopAtLength(ids.shape[1], lengths)])
-        plain = lambda: model.generate(input_ids=ids.to(device), attention_mask=mask.to(device),  # noqa: E731
-                                       min_new_tokens=max(lengths), max_new_tokens=max(lengths), do_sample=True,
-                                       stopping_criteria=stop, pad_token_id=tok.pad_token_id,
-                                       eos_token_id=tok.eos_token_id)
-        with torch.no_grad():
-            plain()
-            t_plain, _ = timed(plain)
+        lengths, prompts = [tr.model_token_count() for tr in trajs], [tr.prompt_ids for tr in trajs]
+        plain_generate(model, tok, prompts, lengths, sample=True)  # warm up
+        t_plain = plain_generate(model, tok, prompts, lengths, sample=True)
         row["plain_generate"] = round(sum(lengths) / t_plain, 1)
         row["searches_per_trajectory"] = round(sum(len(tr.queries) for tr in trajs) / b, 2)
         row["model_tokens_per_trajectory"] = round(sum(lengths) / b, 1)

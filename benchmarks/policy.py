@@ -25,15 +25,15 @@ RANDOM = "random tiny model (steered by ScriptedTurns)"
 class ScriptedTurns:
     """A logits processor that makes a random model write like a searching policy, so that the
     env's turns, searches and documents are real: a row with fewer than `searches` searches in
-    its context writes `<search>` + 4-12 world words + `</search>`, else `<answer>` + 1-3 words +
+    its context writes `<search>` + 4-12 world-vocabulary words + `</search>`, else `<answer>` + 1-3 words +
     `</answer>`. Every other token gets -inf, so sampling and greedy pick the scripted one; the
     forward passes are the model's own. A script depends only on its row's context (not on how
     rows are batched), so batched and one-at-a-time runs write the same trajectories. A generate
     call starts where the batch does not continue the previous step's ids."""
 
-    def __init__(self, tok, words: list[str], searches: int = 2):
+    def __init__(self, tok, searches: int = 2):
         self.tags = tok.convert_tokens_to_ids(["<search>", "</search>", "<answer>", "</answer>"])
-        self.words = [i for i in tok.convert_tokens_to_ids(words) if i != tok.unk_token_id]
+        self.words = [i for i in tok.convert_tokens_to_ids(world_vocabulary()) if i != tok.unk_token_id]
         self.searches, self.pad, self.prev = searches, tok.pad_token_id, None
 
     def _script(self, context: list[int]) -> list[int]:
@@ -57,7 +57,7 @@ class ScriptedTurns:
 def steering(source: str, tok) -> list:
     """The logits processors a benchmark's generator needs: a fresh ScriptedTurns for the random
     model, none for a trained policy."""
-    return [ScriptedTurns(tok, world_vocabulary())] if source == RANDOM else []
+    return [ScriptedTurns(tok)] if source == RANDOM else []
 
 
 def load_or_make_policy(policy: str | None):

@@ -88,13 +88,20 @@ def rollouts(questions, gen, retriever, protocol, tok) -> tuple[float, list]:
 
 
 @torch.no_grad()
-def plain_generate(model, tok, prompts: list[list[int]], lengths: list[int]) -> float:
-    """One `generate` call over the prompts; row r produces exactly lengths[r] tokens."""
+def plain_generate(model, tok, prompts: list[list[int]], lengths: list[int], sample: bool = False) -> float:
+    """Seconds for one `generate` call over the prompts in which row r produces exactly lengths[r]
+    tokens (on the model's device; CUDA is synchronised before the clock stops)."""
     ids, mask = left_pad(prompts, tok.pad_token_id)
+    ids, mask = ids.to(model.device), mask.to(model.device)
+    cuda = model.device.type == "cuda"
+    if cuda:
+        torch.cuda.synchronize()
     t0 = time.perf_counter()
     model.generate(input_ids=ids, attention_mask=mask, min_new_tokens=max(lengths), max_new_tokens=max(lengths),
                    stopping_criteria=StoppingCriteriaList([StopAtLength(ids.shape[1], lengths)]),
-                   do_sample=False, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+                   do_sample=sample, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    if cuda:
+        torch.cuda.synchronize()
     return time.perf_counter() - t0
 
 

@@ -114,12 +114,17 @@ def _protocol(spec: SystemSpec, policy_path: Path | None) -> Protocol:
     return Protocol(template=spec.template, doc_style=spec.doc_style, chat=spec.chat)
 
 
+def weights_source(spec: SystemSpec, policy_path: Path | None) -> str:
+    """Where a model system's weights are: a policy artifact's `model/`, else `spec.model`."""
+    return str(policy_path / "model") if policy_path is not None else spec.model
+
+
 def _vllm_system(label: str, spec: SystemSpec, policy_path: Path | None, engines: dict) -> System:
     from r3rag.generation.vllm import LLMGenerator, load_llm, require_vllm
     from r3rag.modeling import load_tokenizer
 
     require_vllm("eval.backend=vllm")
-    source = str(policy_path / "model") if policy_path is not None else spec.model
+    source = weights_source(spec, policy_path)
     tokenizer = load_tokenizer(source)
     if source not in engines:
         engines[source] = load_llm(source, dtype=spec.dtype)

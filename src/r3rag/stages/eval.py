@@ -44,7 +44,7 @@ from r3rag.jsonl import read_jsonl, write_jsonl
 from r3rag.judge import AnswerJudge, JudgeSpec
 from r3rag.retrieval import is_url, open_retriever
 from r3rag.stages.common import FILE, Context, load_questions, resolve_inputs, set_threads
-from r3rag.systems import System, SystemSpec, check_spec, is_policy_artifact, load_system
+from r3rag.systems import System, SystemSpec, check_spec, is_policy_artifact, load_system, weights_source
 
 INPUTS = {"world": "world", "questions": FILE, "index": "index", "sft": "sft", "rl": "rl"}
 BUILTINS = {"direct": "direct", "rag": "rag", "sft": "iterative", "rl": "iterative"}
@@ -142,7 +142,7 @@ def check_vllm_weights(cfg: Config, specs: dict[str, SystemSpec], policies: dict
     """`backend: vllm` runs one set of weights per eval: a vLLM engine takes most of the GPU's memory."""
     if cfg.backend != "vllm":
         return
-    weights = {label: str(policies[label].path / "model") if label in policies else spec.model
+    weights = {label: weights_source(spec, policies[label].path if label in policies else None)
                for label, spec in specs.items() if not spec.endpoint and not spec.scripted}
     if len(set(weights.values())) > 1:
         raise UserError(f"eval.backend=vllm: one set of weights per eval (each vLLM engine takes most of the GPU); "
