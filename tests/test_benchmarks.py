@@ -25,3 +25,19 @@ def test_rollout_benchmark_prints_its_keys(tmp_path):
     assert figures["rollout_batching_speedup"] > 0 and figures["env_overhead_cpu"] > -1
     shares = figures["share_encode"] + figures["share_decode"] + figures["share_outside_model"]
     assert abs(shares - 1) < 0.01
+
+
+@pytest.mark.slow
+def test_real_model_benchmark_quick(smollm2_runs, tmp_path):
+    """The real-model benchmark's generate and env parts, shrunk (its SFT and GRPO parts take
+    minutes even shrunk; `--quick` alone runs all four)."""
+    _, ref = smollm2_runs
+    out = subprocess.run([sys.executable, str(BENCHMARKS / "real_model.py"), "--quick", "--sections", "generate,env",
+                          "--model", str(ref.path / "model")], cwd=tmp_path, capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    assert set(figures) >= {"real_generate_tok_s_bs16", "real_sft_tok_s", "real_grpo_step_s", "real_env_overhead_cpu"}
+    assert figures["quick"] is True and figures["real_generate_tok_s_bs16"] > 0
+    assert figures["real_env_overhead_cpu"] > -1 and figures["real_sft_tok_s"] is None  # not measured
+    assert figures["env_searches"] > 0  # steered (ForcedTurns): rows search

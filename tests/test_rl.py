@@ -41,14 +41,18 @@ def _tokenizer():
     return train_word_tokenizer([d["text"] for d in DOCS] + ["Question : Where is it ?", "<eos>"])
 
 
-def test_eos_is_learned_after_an_answer_masked_otherwise_and_kept_under_a_budget():
+def test_eos_the_env_appended_is_masked_and_kept_under_a_budget():
+    """RL: the scripted turns stop at </answer> and never sample EOS, so the EOS appended for TRL
+    (which must end every completion) gets no gradient, after an answer or not; SFT's rule (EOS
+    learned after an answer) is `eos_rule="answer"`."""
     tok = _tokenizer()
     eos = tok.eos_token_id
     right, lost = _rollouts(tok, RIGHT), _rollouts(tok, LOST)
     assert right.finish_reason == "answer" and lost.finish_reason == "max_turns"
     batch = rollout_batch([right, lost], eos, 512)
     assert [ids[-1] for ids in batch["completion_ids"]] == [eos, eos]  # TRL never sees a "truncated" sample
-    assert [m[-1] for m in batch["env_mask"]] == [1, 0]  # no loss teaches stopping mid-search
+    assert [m[-1] for m in batch["env_mask"]] == [0, 0]  # never sampled: no gradient
+    assert completion_with_eos(right, eos)[1][-1] == 1 and completion_with_eos(lost, eos)[1][-1] == 0  # SFT's rule
     ids, mask = completion_with_eos(right, eos, budget=10)
     assert len(ids) == 10 and ids[-1] == eos and mask[-1] == 0
     assert ids[:-1] == right.completion()[0][:9]
@@ -62,8 +66,8 @@ def test_unmasked_ablation_puts_retrieved_tokens_in_the_loss_and_keeps_the_eos_r
     assert unmasked["completion_ids"] == masked["completion_ids"]
     for m_on, m_off in zip(masked["env_mask"], unmasked["env_mask"]):
         assert 0 in m_on[:-1] and set(m_off[:-1]) == {1}  # retrieved tokens: masked, then trained on
-        assert m_off[-1] == m_on[-1]  # EOS learned only after an answer, either way
-    assert [m[-1] for m in unmasked["env_mask"]] == [1, 0]
+        assert m_off[-1] == m_on[-1]  # EOS keeps its own rule (learned only where sampled), either way
+    assert [m[-1] for m in unmasked["env_mask"]] == [0, 0]
 
 
 def test_grpo_loss_gives_retrieved_tokens_exactly_zero_gradient(tmp_path):

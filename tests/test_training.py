@@ -34,8 +34,10 @@ def test_sft_labels_equal_grpo_env_mask_on_the_same_trajectory():
     assert ids[:n_prompt] == traj.prompt_ids and all(x == IGNORE for x in labels[:n_prompt])
     assert ids[n_prompt:] == batch["completion_ids"][0]
     sft_mask = [int(x != IGNORE) for x in labels[n_prompt:]]
-    assert sft_mask == batch["env_mask"][0]
-    assert batch["completion_ids"][0][-1] == tok.eos_token_id and batch["env_mask"][0][-1] == 1
+    assert sft_mask[:-1] == batch["env_mask"][0][:-1]  # the same span rule on every turn...
+    # ...and the final EOS: learned in SFT after the teacher's answer; in RL only where the model
+    # sampled it, and this turn stopped at </answer>.
+    assert batch["completion_ids"][0][-1] == tok.eos_token_id and sft_mask[-1] == 1 and batch["env_mask"][0][-1] == 0
     info = tok.convert_tokens_to_ids("<information>")
     assert all(m == 0 for i, m in zip(batch["completion_ids"][0], batch["env_mask"][0]) if i == info)
 

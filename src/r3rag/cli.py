@@ -95,7 +95,7 @@ def _rl_command():
     return command
 
 
-for _stage in ("world", "index", "synthesize", "base", "sft", "rl", "eval"):
+for _stage in ("model", "world", "index", "synthesize", "base", "sft", "rl", "eval"):
     app.command(_stage, epilog=_config_epilog(_stage))(_rl_command() if _stage == "rl" else _stage_command(_stage))
 
 
@@ -159,6 +159,23 @@ def eval_retrieval_cmd(
                 table.add_row(name, *(f"{m[f'{name}@{k}']:.3f}" for k in k_values))
         Console(stderr=True).print(table)
         print(json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in m.items()}))
+
+    _guard(go, debug)
+
+
+@app.command("import-model")
+def import_model_cmd(
+        source: Annotated[str, typer.Argument(help="A packaged model (smollm2-135m-instruct) or a path to a .gguf file.")] = "smollm2-135m-instruct",
+        set_: SetOpt = None, runs_dir: RunsOpt = None, debug: DebugOpt = False):
+    """A GGUF file (or a packaged model) as a versioned `model` artifact: `r3rag model --set source=SOURCE`.
+
+    Prints the artifact's path; other stages take it as `model: model:latest`.
+    """
+
+    def go():
+        from r3rag.pipeline import run_stage
+
+        print(run_stage("model", None, [f"source={source}", *(set_ or [])], runs_dir).path)
 
     _guard(go, debug)
 

@@ -5,12 +5,19 @@ generate call (stopping at `</search>` / `</answer>`), parse every turn with the
 send ALL new queries to the retriever in ONE batched call, append the documents as an
 environment turn, and repeat until every trajectory has an answer or hits a limit.
 
+Retrieval before the first turn: mode `rag` searches the question and appends the documents
+as an environment turn, or, for a reader prompt (`qa` template), builds each prompt with them
+(`Protocol.prompt(question, docs)`); the `ircot` protocol (mode iterative) also searches the
+question first. Either way they are recorded as one search (`retrieved`, `documents`).
+
 Every turn keeps its own token ids, so the completion ids and the loss mask are joined
 per turn, never re-tokenised from joined text.
 
 Usage:
     trajs = run_rollouts(examples, generator, retriever, protocol, EnvConfig(top_k=3), tokenizer)
     ids, mask = trajs[0].completion()      # mask: 1 = model token, 0 = environment token
+    rag = run_rollouts(examples, gen, retriever, Protocol(template="qa"), EnvConfig(mode="rag", top_k=5))
+    ircot = run_rollouts(examples, gen, retriever, Protocol(name="ircot"), EnvConfig(max_turns=6))
 """
 
 from __future__ import annotations
@@ -42,6 +49,7 @@ class Trajectory:
     documents: list[list[dict]] = field(default_factory=list)  # {id, title, text, score} per search
     answer: str | None = None
     finish_reason: FinishReason | None = None
+    eos_sampled: bool = False  # its last model turn ended with an EOS the model sampled (Generated.finish == "eos")
 
     @property
     def done(self) -> bool:
@@ -134,10 +142,14 @@ def _encode_many(tokenizer, texts: list[str]) -> list[list[int] | None]:
     return tokenizer(texts, add_special_tokens=False)["input_ids"]
 
 
-def new_trajectory(example: dict, protocol: Protocol, tokenizer=None) -> Trajectory:
-    prompt = protocol.context_prompt(example["question"], tokenizer)
-    return Trajectory(id=str(example["id"]), question=example["question"], prompt=prompt,
+def new_trajectory(example: dict, protocol: Protocol, tokenizer=None, docs: list | None = None) -> Trajectory:
+    """`docs`: hits rendered inside the prompt (a `qa` reader's single-shot RAG), recorded as one search."""
+    prompt = protocol.context_prompt(example["question"], tokenizer, docs=docs)
+    traj = Trajectory(id=str(example["id"]), question=example["question"], prompt=prompt,
                       prompt_ids=_encode(tokenizer, prompt))
+    if docs is not None:
+        _record_hits(traj, docs)
+    return traj
 
 
 def add_env_turn(traj: Trajectory, text: str, tokenizer=None) -> None:
@@ -148,18 +160,48 @@ def add_search_results(trajs: list[Trajectory], hits: list[list], protocol: Prot
     """Each trajectory's search hits, recorded and appended as its documents turn."""
     texts = [protocol.render_docs(h) for h in hits]
     for traj, found, text, ids in zip(trajs, hits, texts, _encode_many(tokenizer, texts)):
-        traj.retrieved.append([h.doc_id for h in found])
-        traj.documents.append([{"id": h.doc_id, "title": h.title, "text": h.text, "score": round(h.score, 4)}
-                               for h in found])
+        _record_hits(traj, found)
         traj.turns.append(Turn("env", text, ids))
+
+
+def _record_hits(traj: Trajectory, found: list) -> None:
+    """One search's hits, as gold-document recall and the search count read them."""
+    traj.retrieved.append([h.doc_id for h in found])
+    traj.documents.append([{"id": h.doc_id, "title": h.title, "text": h.text, "score": round(h.score, 4)}
+                           for h in found])
+
+
+def _start(examples: list[dict], retriever, protocol: Protocol, cfg: EnvConfig, tokenizer) -> list[Trajectory]:
+    """The trajectories, with the question's documents when the mode or protocol searches it first."""
+    if cfg.mode == "rag" and protocol.docs_in_prompt:
+        hits = retriever.search([ex["question"] for ex in examples], cfg.top_k)
+        return [new_trajectory(ex, protocol, tokenizer, docs=h) for ex, h in zip(examples, hits)]
+    trajs = [new_trajectory(ex, protocol, tokenizer) for ex in examples]
+    if cfg.mode == "rag" or (cfg.mode == "iterative" and protocol.ircot):  # IRCoT retrieves with the question first
+        add_search_results(trajs, retriever.search([t.question for t in trajs], cfg.top_k), protocol, tokenizer)
+    return trajs
+
+
+def _trimmed(out: Generated, protocol: Protocol, tokenizer, prefill: str) -> Generated:
+    """`out` cut to the turn the protocol keeps (an IRCoT sentence, a qa answer line), ids included."""
+    if protocol.ircot and out.finish == "eos":  # IRCoT: each sentence is its own completion; EOS ends it, not the loop
+        eos = getattr(tokenizer, "eos_token_id", None)
+        ids = out.ids[:-1] if out.ids and out.ids[-1] == eos else out.ids  # the loop goes on: no EOS mid-context
+        out = Generated(out.text, ids, "stop", out.error)
+    text = protocol.trim_turn(out.text, prefill)
+    if text == out.text:
+        return out
+    ids = out.ids
+    if ids is not None and tokenizer is not None:  # the shortest id prefix that decodes to the kept text
+        ids = next((ids[:j] for j in range(len(ids) + 1)
+                    if len(tokenizer.decode(ids[:j], skip_special_tokens=True)) >= len(text)), ids)
+    return Generated(text, ids, out.finish, out.error)
 
 
 def run_rollouts(examples: list[dict], generator: Generator, retriever: Retriever | None, protocol: Protocol,
                  cfg: EnvConfig, tokenizer=None, on_turn=None) -> list[Trajectory]:
     """Run the batched loop to completion; `on_turn(n_done, n_total)` reports progress."""
-    trajs = [new_trajectory(ex, protocol, tokenizer) for ex in examples]
-    if cfg.mode == "rag":
-        add_search_results(trajs, retriever.search([t.question for t in trajs], cfg.top_k), protocol, tokenizer)
+    trajs = _start(examples, retriever, protocol, cfg, tokenizer)
     prefill = protocol.answer_prefill() if cfg.mode in ("direct", "rag") else ""
     for turn_no in range(cfg.max_turns):
         active = [t for t in trajs if not t.done]
@@ -171,9 +213,11 @@ def run_rollouts(examples: list[dict], generator: Generator, retriever: Retrieve
         outs = generator.generate(active, protocol.stop_strings(), cfg.max_new_tokens)
         searching = []
         for t, out in zip(active, outs):
+            out = _trimmed(out, protocol, tokenizer, prefill)
             t.turns.append(Turn("model", out.text, out.ids))
+            t.eos_sampled = out.finish == "eos"  # that EOS alone gets gradient in RL (completion_with_eos)
             step = (Step("invalid", out.text, reason=out.error) if out.finish == "error"
-                    else protocol.parse_step(prefill + out.text))
+                    else protocol.parse_step(prefill + out.text, ended=out.finish == "eos"))
             t.steps.append(_step_record(step))
             _finish_or_continue(t, step, out, turn_no, cfg, searching)
         if searching:
@@ -198,7 +242,7 @@ def _finish_or_continue(t: Trajectory, step: Step, out: Generated, turn_no: int,
                         searching: list) -> None:
     if step.kind == "answer":
         t.answer, t.finish_reason = step.answer, "answer"
-    elif step.kind == "invalid":
+    elif step.kind == "invalid" or out.finish == "eos":  # EOS closes the message: nothing may follow it
         t.finish_reason = out.finish if out.finish in ("length", "error") else "invalid"
     elif turn_no == cfg.max_turns - 1 or cfg.mode != "iterative":
         t.finish_reason = "max_turns"

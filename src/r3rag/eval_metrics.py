@@ -2,12 +2,14 @@
 
 A prediction row holds the answer, EM/F1/cover, finish reason, searches, model tokens,
 gold-document recall (by doc id on the synthetic world, by supporting title on real data),
-the question's hop count and type, and the whole trajectory (for the viewer). A summary
-averages over samples per question first, so bootstrap intervals resample questions.
+the question's hop count, type and source dataset (`metadata.dataset`), and the whole
+trajectory (for the viewer). A summary averages over samples per question first, so bootstrap
+intervals resample questions; `by_dataset` gives EM/F1/cover with their intervals per dataset
+(a mixed question file, e.g. HotpotQA + 2Wiki + MuSiQue, scored in one eval).
 
 Usage:
     rows = [to_prediction("sft", traj, question, sample=0) for ...]
-    summary = summarize(rows)     # em, f1, cover, em_ci, f1_ci, searches, tokens, by_hops, by_type, ...
+    summary = summarize(rows)     # em, f1, cover, em_ci, f1_ci, searches, tokens, by_hops, by_type, by_dataset, ...
 """
 
 from __future__ import annotations
@@ -30,6 +32,7 @@ def to_prediction(system: str, traj, q: dict, sample: int = 0) -> dict:
         "answer": traj.answer, "em": exact_match(traj.answer, gold), "f1": f1_score(traj.answer, gold),
         "cover": cover_match(traj.answer, gold), "finish_reason": traj.finish_reason,
         "searches": len(traj.retrieved), "hops": meta.get("hops"), "type": meta.get("type"),
+        "dataset": meta.get("dataset"),
         "tokens": _model_tokens(traj), "gold_doc_recall": gold_recall(traj, meta),
         "turns": [{"role": t.role, "text": t.text} for t in traj.turns],
         "retrieved_docs": traj.documents, "gold_docs": meta.get("supporting_docs") or meta.get("supporting_titles", []),
@@ -65,13 +68,15 @@ def summarize(rows: list[dict]) -> dict:
     qs = list(per_q.values())
     em = [sum(r["em"] for r in rs) / len(rs) for rs in qs]
     f1 = [sum(r["f1"] for r in rs) / len(rs) for rs in qs]
-    out = {"em": _mean(em) or 0.0, "f1": _mean(f1) or 0.0, "cover": _mean([r["cover"] for r in rows]) or 0.0,
+    cover = [sum(float(r["cover"]) for r in rs) / len(rs) for rs in qs]
+    out = {"em": _mean(em) or 0.0, "f1": _mean(f1) or 0.0, "cover": _mean(cover) or 0.0,
            "n": len(qs), "samples": len(rows) // max(len(qs), 1),
-           "em_ci": bootstrap_ci(em), "f1_ci": bootstrap_ci(f1),
+           "em_ci": bootstrap_ci(em), "f1_ci": bootstrap_ci(f1), "cover_ci": bootstrap_ci(cover),
            "searches": _mean([r["searches"] for r in rows]) or 0.0, "tokens": _mean([r["tokens"] for r in rows]),
            "finish_reasons": dict(Counter(r["finish_reason"] for r in rows)),
            "gold_doc_recall": _mean([r["gold_doc_recall"] for r in rows]),
-           "by_hops": _breakdown(rows, "hops"), "by_type": _breakdown(rows, "type")}
+           "by_hops": _breakdown(rows, "hops"), "by_type": _breakdown(rows, "type"),
+           "by_dataset": _by_dataset(rows)}
     if out["samples"] > 1:
         out["em_any"] = _mean([float(any(r["em"] for r in rs)) for rs in qs])
     if any("judge" in r for r in rows):
@@ -88,6 +93,25 @@ def _breakdown(rows: list[dict], key: str) -> dict:
                 "n": len({r["id"] for r in rs})} for g, rs in sorted(groups.items())}
 
 
+def _by_dataset(rows: list[dict]) -> dict:
+    """EM/F1/cover per source dataset, each with a 95% bootstrap interval over its questions."""
+    groups: dict[str, list[dict]] = defaultdict(list)
+    for r in rows:
+        if r.get("dataset") is not None:
+            groups[str(r["dataset"])].append(r)
+    out = {}
+    for name, rs in sorted(groups.items()):
+        per_q: dict[str, list[dict]] = defaultdict(list)
+        for r in rs:
+            per_q[r["id"]].append(r)
+        entry: dict = {"n": len(per_q)}
+        for key in ("em", "f1", "cover"):  # samples averaged per question first, as in summarize
+            values = [sum(float(r[key]) for r in q) / len(q) for q in per_q.values()]
+            entry[key], entry[f"{key}_ci"] = _mean(values), bootstrap_ci(values)
+        out[name] = entry
+    return out
+
+
 def stage_seconds(inputs: dict[str, ArtifactRef]) -> dict:
     """Wall seconds of every upstream stage, found by walking the input manifests."""
     seconds: dict[str, float] = {}
@@ -99,7 +123,7 @@ def stage_seconds(inputs: dict[str, ArtifactRef]) -> dict:
             m = load_manifest(Path(inp["path"])) if inp.get("stage") != FILE else None
             if m:
                 todo.append(ArtifactRef(inp["stage"], inp["id"], Path(inp["path"]), m))
-    order = ("world", "index", "synthesize", "sft", "rl")
+    order = ("model", "world", "index", "synthesize", "base", "sft", "rl")
     return {s: seconds[s] for s in order if s in seconds}
 
 

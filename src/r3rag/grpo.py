@@ -45,10 +45,12 @@ class Timed:
 
 def rollout_batch(trajs: list[Trajectory], eos_id: int, max_completion_tokens: int,
                   mask_retrieved: bool = True) -> dict:
-    """TRL's rollout dict: ids and env_mask from the one span rule shared with SFT.
+    """TRL's rollout dict: ids and env_mask from the one span rule shared with SFT, except the
+    final EOS: learned only where the model sampled it (`eos_rule="sampled"`), never the one
+    appended after a turn the env stopped at `</answer>`.
     `mask_retrieved=False` is Search-R1's ablation: retrieved tokens get loss like model tokens
-    (the final EOS keeps its own rule: learned only after an answer)."""
-    pairs = [completion_with_eos(t, eos_id, max_completion_tokens) for t in trajs]
+    (the final EOS keeps its own rule)."""
+    pairs = [completion_with_eos(t, eos_id, max_completion_tokens, eos_rule="sampled") for t in trajs]
     if not mask_retrieved:
         pairs = [(ids, [1] * (len(mask) - 1) + mask[-1:]) for ids, mask in pairs]
     return {

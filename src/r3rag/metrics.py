@@ -74,3 +74,21 @@ def bootstrap_ci(values: list[float], n_resamples: int = 1000, alpha: float = 0.
     lo = means[int((alpha / 2) * n_resamples)]
     hi = means[min(n_resamples - 1, int((1 - alpha / 2) * n_resamples))]
     return (round(lo, 4), round(hi, 4))
+
+
+def paired_bootstrap_diff(a: list[float], b: list[float], n_resamples: int = 2000, alpha: float = 0.05,
+                          seed: int = 0) -> tuple[float, tuple[float, float]]:
+    """Mean of a - b over the same questions, and its percentile bootstrap interval (default 95%):
+    both arms resampled with the same question indices, so per-question difficulty cancels."""
+    import numpy as np
+
+    if len(a) != len(b):
+        raise ValueError(f"paired bootstrap: {len(a)} vs {len(b)} values (the arms must share questions)")
+    if not a:
+        return 0.0, (0.0, 0.0)
+    diff = np.asarray(a, dtype=float) - np.asarray(b, dtype=float)
+    idx = np.random.default_rng(seed).integers(0, len(diff), size=(n_resamples, len(diff)))
+    means = np.sort(diff[idx].mean(axis=1))
+    lo = means[int((alpha / 2) * n_resamples)]
+    hi = means[min(n_resamples - 1, int((1 - alpha / 2) * n_resamples))]
+    return round(float(diff.mean()), 4), (round(float(lo), 4), round(float(hi), 4))

@@ -79,10 +79,21 @@ def run_stage(stage: str, config_path: Path | None, overrides: list[str], runs_d
     for field, src in module.INPUTS.items():  # bind "<stage>:latest" to this run's artifact
         if bound and src in bound and section.get(field, f"{src}:latest") == f"{src}:latest":
             section[field] = str(bound[src].path)
+    if bound and "model" in bound:  # `model: model:latest` anywhere (sft.model, eval.models.X.model...)
+        section = _bind_latest(section, "model", str(bound["model"].path))
     where = f"{config_path}: {stage}" if config_path else stage
     cfg = build_config(module.Config, section, parse_overrides(overrides), where=where)
     ctx = Context(runs_dir=Path(runs_dir) if runs_dir else default_runs_dir())
     return module.run(cfg, ctx)
+
+
+def _bind_latest(value, stage: str, path: str):
+    """`value` with every string `<stage>:latest` in it (nested too) replaced by `path`."""
+    if isinstance(value, dict):
+        return {k: _bind_latest(v, stage, path) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_bind_latest(v, stage, path) for v in value]
+    return path if value == f"{stage}:latest" else value
 
 
 def pipeline_stages(data: dict, path: Path) -> list[str]:

@@ -2,7 +2,7 @@
 
 Nothing else in r3rag builds prompts or parses model output.
 
-Two protocols (`Protocol(name=...)`):
+Three protocols (`Protocol(name=...)`):
 
 - `search-r1`: the model writes `<think> ... </think>` (optional), then either
   `<search> query </search>` or `<answer> text </answer>`; the environment replies with
@@ -11,6 +11,16 @@ Two protocols (`Protocol(name=...)`):
   `Step k:` / `The problem analysis: ...` / `The retrieval query: ...` ending with
   `The retrieval documents:` (its stop string), or `The final answer: ...`; the environment
   appends the documents after that marker. `template` does not apply.
+- `ircot`: IRCoT (Trivedi et al. 2023) for prompted models. The environment first retrieves
+  with the question; each model turn is ONE chain-of-thought sentence (stops `. ` and `.\n`),
+  which is the next retrieval query, until a sentence says "So the answer is: X".
+  `template` does not apply.
+
+Templates (search-r1 protocol): `search-r1` (Search-R1's instruction), `minimal`, and `qa`: a
+reader prompt for prompted baselines (answer with a short phrase inside <answer> tags); with
+`docs` (single-shot RAG) the documents go inside the user message, before the question. A
+prompted model often leaves the prefilled `<answer>` open: the answer is then its first line
+(ended by a newline, or by the model's end of turn), and the turn is cut after that line.
 
 Teachers behind a chat API get their prompt here too (`teacher_messages`): the full
 instruction whatever the student's template, and `close_turn` puts back the stop string an
@@ -19,6 +29,7 @@ API cut off.
 Usage:
     proto = Protocol(template="minimal", doc_style="plain")      # or Protocol(name="r3rag")
     prompt = proto.prompt(question)
+    prompt = Protocol(template="qa").prompt(question, docs=hits)   # reader prompt with its documents
     step = proto.parse_step(model_text)    # Step(kind="search"|"answer"|"invalid", ...)
     env_text = proto.render_docs(hits)
     messages = proto.teacher_messages(trajectory)                # chat messages for the next turn
@@ -47,6 +58,32 @@ SEARCH_R1_INSTRUCTION = (
     "illustrations. For example, <answer> Beijing </answer>. Question: {question}\n"
 )
 MINIMAL_TEMPLATE = "Question : {question}\n"
+
+# Reader prompts for prompted baselines: closed-book, and single-shot RAG with the documents first.
+QA_SHORT = ("with a short phrase (a name, date, number or yes/no) inside <answer> and </answer>, without "
+            "explanation. For example, <answer> Beijing </answer>.")
+QA_INSTRUCTION = "Answer the question " + QA_SHORT + "\nQuestion: {question}\n"
+QA_DOCS_INSTRUCTION = ("Answer the question using the documents below, " + QA_SHORT +
+                       "\nDocuments:\n{docs}\n\nQuestion: {question}\n")
+
+# IRCoT: one reasoning sentence per turn; each sentence is the next retrieval query.
+IRCOT_ANSWER = "So the answer is:"
+IRCOT_INSTRUCTION = (
+    "Answer the question by reasoning step by step, one sentence at a time. Documents retrieved for the "
+    "question and for each of your sentences appear between <information> and </information>. Write only the "
+    "next sentence of your reasoning: one short factual sentence based on the documents. When you know the "
+    f"answer, write \"{IRCOT_ANSWER} <short answer>.\" where the short answer is a name, date, number or yes/no.\n"
+    # IRCoT prompts with demonstrations: one shows the sentence-per-turn shape.
+    "Example:\nQuestion: Where was the director of the film Titanic born?\nThe film Titanic was directed by "
+    f"James Cameron.\nJames Cameron was born in Kapuskasing, Ontario.\n{IRCOT_ANSWER} Kapuskasing, Ontario.\n\n"
+    "Question: {question}\n"
+)
+# A sentence ends at ". " or ".\n". In a BPE vocabulary ". " is not one token, so the generator's
+# decoded-tail check stops one token late; `trim_turn` cuts that token off (and cuts at a newline
+# after the sentence's text). A bare "\n" stop is not used: instruct models (SmolLM2) often start
+# a turn after the documents with a newline, which would end the turn empty.
+IRCOT_STOP_STRINGS = (". ", ".\n")
+_IRCOT_ANSWER_RX = re.compile(r".*answer is\s*:?(.*)", re.I | re.S)  # the last "answer is" in the turn
 
 # R3-RAG's step format.
 R3_QUESTION = "The question: {question}\n"
@@ -91,13 +128,15 @@ class Hit:
     text: str
 
 
-PROTOCOLS = ("search-r1", "r3rag")
+PROTOCOLS = ("search-r1", "r3rag", "ircot")
+TEMPLATES = ("search-r1", "minimal", "qa")  # prompts of the search-r1 protocol
+DOC_STYLES = ("search-r1", "plain")
 
 
 @dataclass
 class Protocol:
-    name: Literal["search-r1", "r3rag"] = "search-r1"
-    template: Literal["search-r1", "minimal"] = "search-r1"
+    name: Literal["search-r1", "r3rag", "ircot"] = "search-r1"
+    template: Literal["search-r1", "minimal", "qa"] = "search-r1"
     doc_style: Literal["search-r1", "plain"] = "search-r1"
     max_doc_chars: int = 0  # 0 = no truncation
     chat: bool = False  # wrap the prompt as a user message in the tokenizer's chat template (instruct models)
@@ -112,34 +151,70 @@ class Protocol:
     def r3(self) -> bool:
         return self.name == "r3rag"
 
-    def prompt(self, question: str) -> str:
+    @property
+    def ircot(self) -> bool:
+        return self.name == "ircot"
+
+    @property
+    def docs_in_prompt(self) -> bool:
+        """Single-shot RAG puts its documents in the prompt (the `qa` reader), not in an env turn."""
+        return self.name == "search-r1" and self.template == "qa"
+
+    def prompt(self, question: str, docs: list[Hit] | None = None) -> str:
+        """`docs`: the documents of a single-shot RAG reader (`qa` template only)."""
+        if docs is not None and not self.docs_in_prompt:
+            raise ValueError(f"protocol {self.name}/{self.template}: documents go in env turns, not the prompt")
         if self.r3:
             return R3_QUESTION.format(question=question.strip())
+        if self.ircot:
+            return IRCOT_INSTRUCTION.format(question=question.strip())
+        if self.template == "qa":
+            if docs is None:
+                return QA_INSTRUCTION.format(question=question.strip())
+            return QA_DOCS_INSTRUCTION.format(docs=self._doc_text(docs), question=question.strip())
         tpl = SEARCH_R1_INSTRUCTION if self.template == "search-r1" else MINIMAL_TEMPLATE
         return tpl.format(question=question.strip())
 
-    def context_prompt(self, question: str, tokenizer=None) -> str:
+    def context_prompt(self, question: str, tokenizer=None, docs: list[Hit] | None = None) -> str:
         """The text a trajectory starts from: the prompt, inside the chat template when `chat` is
         set and the tokenizer has one (as Search-R1 prompts instruct models); the model's turns
         and the documents then continue that one assistant message."""
-        prompt = self.prompt(question)
+        prompt = self.prompt(question, docs)
         if not (self.chat and tokenizer is not None and getattr(tokenizer, "chat_template", None)):
             return prompt
         return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
                                              add_generation_prompt=True)
 
     def stop_strings(self) -> tuple[str, ...]:
+        if self.ircot:
+            return IRCOT_STOP_STRINGS
         return R3_STOP_STRINGS if self.r3 else STOP_STRINGS
 
     def api_stop_strings(self) -> tuple[str, ...]:
         """Stops for a chat API, which answers one step per request: a reply that opens with
         a newline before "Step k:" must not stop at once."""
+        if self.ircot:
+            return IRCOT_STOP_STRINGS
         return (R3_DOCS,) if self.r3 else STOP_STRINGS
 
-    def parse_step(self, text: str) -> Step:
-        """Parse one model turn; malformed output is an `invalid` step with a reason, never an exception."""
+    def trim_turn(self, text: str, prefill: str = "") -> str:
+        """The model turn kept: an IRCoT turn up to the end of its first sentence (a generator
+        that stops at ". " has already written the next token); a `qa` turn whose `<answer>`
+        (in `prefill` + text) is still open, up to the end of the answer's first line; other
+        protocols, unchanged."""
+        if self.ircot:
+            return _first_sentence(text)
+        if self.docs_in_prompt:
+            return _first_answer_line(prefill, text)
+        return text
+
+    def parse_step(self, text: str, ended: bool = False) -> Step:
+        """Parse one model turn; malformed output is an `invalid` step with a reason, never an exception.
+        `ended`: the model ended the turn itself (end of sequence); a `qa` answer left open then counts."""
         if self.r3:
             return _parse_r3_step(text)
+        if self.ircot:
+            return _parse_ircot_step(text)
         blocks = {kind: rx.findall(text) for kind, rx in _BLOCK.items()}
         n_actions = len(blocks["search"]) + len(blocks["answer"])
         if n_actions > 1:
@@ -154,6 +229,10 @@ class Protocol:
             if not query:
                 return Step("invalid", text, reason="empty query")
             return Step("search", text, query=query)
+        if self.docs_in_prompt and ANSWER_OPEN in text:
+            answer = _open_answer(text, ended)
+            if answer:
+                return Step("answer", text, answer=answer)
         for tag, close in ((SEARCH_OPEN, SEARCH_CLOSE), (ANSWER_OPEN, ANSWER_CLOSE)):
             if tag in text:
                 return Step("invalid", text, reason=f"unclosed {tag}")
@@ -161,6 +240,12 @@ class Protocol:
 
     def render_docs(self, hits: list[Hit]) -> str:
         """The environment's reply to a search, as it enters the context."""
+        if self.r3:  # follows the model's "The retrieval documents:"
+            return f" {self._doc_text(hits)}\n"
+        return f"\n{INFO_OPEN} {self._doc_text(hits)} {INFO_CLOSE}\n"
+
+    def _doc_text(self, hits: list[Hit]) -> str:
+        """The documents in `doc_style`, as an env turn or a reader prompt holds them."""
         parts = []
         for i, h in enumerate(hits, start=1):
             text = h.text if not self.max_doc_chars else h.text[: self.max_doc_chars]
@@ -169,22 +254,26 @@ class Protocol:
             else:
                 parts.append(text)
         sep = "\n" if self.doc_style == "search-r1" else " "
-        if self.r3:  # follows the model's "The retrieval documents:"
-            return f" {sep.join(parts)}\n"
-        return f"\n{INFO_OPEN} {sep.join(parts)} {INFO_CLOSE}\n"
+        return sep.join(parts)
 
     # The texts the oracle teacher and baselines write: kept here so the format lives in one place.
     def search_turn(self, query: str, thought: str | None = None, step: int = 1) -> str:
         if self.r3:
             return self._r3_head(step, thought) + f"{R3_QUERY} {query}\n{R3_DOCS}"
+        if self.ircot:  # the sentence is the query: a thought would change what is searched
+            return query.strip()
         return self._think(thought) + f"{SEARCH_OPEN} {query} {SEARCH_CLOSE}"
 
     def answer_turn(self, answer: str, thought: str | None = None, step: int = 1) -> str:
         if self.r3:
             return self._r3_head(step, thought) + f"{R3_ANSWER} {answer}"
+        if self.ircot:
+            return f"{IRCOT_ANSWER} {answer}."
         return self._think(thought) + f"{ANSWER_OPEN} {answer} {ANSWER_CLOSE}"
 
     def answer_prefill(self) -> str:
+        if self.ircot:
+            return f"{IRCOT_ANSWER} "
         return f"{R3_STEP.format(k=1)}\n{R3_ANSWER} " if self.r3 else f"{ANSWER_OPEN} "
 
     @staticmethod
@@ -215,7 +304,9 @@ class Protocol:
             context = traj.prompt + "".join(t.text for t in traj.turns)
             k = sum(t.role == "model" for t in traj.turns) + 1
             return [{"role": "user", "content": R3RAG_TEACHER_INSTRUCTION.format(k=k, context=context)}]
-        messages = [{"role": "user", "content": SEARCH_R1_INSTRUCTION.format(question=traj.question.strip())}]
+        question = traj.question.strip()
+        first = self.prompt(question) if self.ircot else SEARCH_R1_INSTRUCTION.format(question=question)
+        messages = [{"role": "user", "content": first}]
         for t in traj.turns:
             messages.append({"role": "assistant" if t.role == "model" else "user", "content": t.text.strip()})
         return messages
@@ -250,3 +341,41 @@ def _parse_r3_step(text: str) -> Step:
             return Step("invalid", text, reason="empty query")
         return Step("search", text, query=query)
     return Step("invalid", text, reason=f"no '{R3_QUERY}' or '{R3_ANSWER}' in the step")
+
+
+def _parse_ircot_step(text: str) -> Step:
+    """An IRCoT sentence: the answer when it says "... answer is: X", else the next query."""
+    m = _IRCOT_ANSWER_RX.search(text)
+    if m:
+        answer = m.group(1).strip().split("\n")[0].strip().rstrip(".").strip()
+        return Step("answer", text, answer=answer) if answer else Step("invalid", text, reason="empty answer")
+    query = text.strip()
+    return Step("search", text, query=query) if query else Step("invalid", text, reason="empty sentence")
+
+
+def _first_sentence(text: str) -> str:
+    """`text` up to its first sentence end: the "." of ". ", or a newline after some text (kept)."""
+    start = len(text) - len(text.lstrip())
+    ends = [i + 1 for i in (text.find(". ", start),) if i >= 0]
+    ends += [i + 1 for i in (text.find("\n", start),) if i >= 0]
+    return text[: min(ends)] if ends else text
+
+
+def _first_answer_line(prefill: str, text: str) -> str:
+    """`text` cut after the newline that ends the first line of an open `<answer>` (unchanged otherwise)."""
+    full = prefill + text
+    if ANSWER_OPEN not in full or ANSWER_CLOSE in full:
+        return text
+    content = full.index(ANSWER_OPEN) + len(ANSWER_OPEN)
+    start = content + len(full[content:]) - len(full[content:].lstrip())
+    end = full.find("\n", start)
+    return text if end < 0 else full[: end + 1][len(prefill):]
+
+
+def _open_answer(text: str, ended: bool) -> str | None:
+    """The first line of an `<answer>` left open, once that line is complete (a newline ends it,
+    or the model ended its turn); None otherwise (e.g. cut by the token limit)."""
+    content = text.split(ANSWER_OPEN, 1)[1].lstrip()
+    if not content or not (ended or "\n" in content):
+        return None
+    return content.split("\n")[0].strip() or None

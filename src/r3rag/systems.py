@@ -7,7 +7,10 @@ the question, answer once; `direct`: answer with no retrieval). The policy is on
   own tokenizer and the protocol it was trained with;
 - any transformers causal LM (hub id or local directory): prompted with the protocol's
   instruction (`template`), inside its chat template when it has one (`chat`), as Search-R1
-  and IRCoT-style baselines prompt instruct models;
+  and IRCoT-style baselines prompt instruct models. Reader baselines use `template: qa`
+  (closed-book with `mode: direct`; single-shot RAG with `mode: rag`, the top_k documents in
+  the user message); `protocol: ircot` (mode iterative) is IRCoT's interleaved loop: one
+  reasoning sentence per turn, each the next retrieval query;
 - an OpenAI-compatible endpoint (`endpoint` = base URL, `model` = served model name, API key
   from the environment variable named by `api_key_env`);
 - a scripted baseline (`scripted: top-title`: search the question, answer the top document's
@@ -18,7 +21,12 @@ Usage (pipeline YAML, eval section):
       qwen-iter: {model: Qwen/Qwen2.5-7B-Instruct, mode: iterative}
       deepseek:  {endpoint: https://api.deepseek.com/v1, model: deepseek-chat, api_key_env: DEEPSEEK_API_KEY}
       top-title: {scripted: top-title}
-    systems: [rag, sft, qwen-iter, top-title]
+      closed-book: {model: HuggingFaceTB/SmolLM2-135M-Instruct, template: qa, mode: direct}
+      rag5:      {model: HuggingFaceTB/SmolLM2-135M-Instruct, template: qa, mode: rag, top_k: 5}
+      ircot:     {model: HuggingFaceTB/SmolLM2-135M-Instruct, protocol: ircot, mode: iterative}
+    systems: [rag, sft, qwen-iter, top-title, closed-book, rag5, ircot]
+
+`top_k` (0 = eval's top_k) is the system's retrieval depth, so one eval compares rag3 and rag5.
 """
 
 from __future__ import annotations
@@ -28,9 +36,10 @@ from pathlib import Path
 from typing import Literal
 
 from r3rag.errors import UserError
-from r3rag.protocol import Protocol
+from r3rag.protocol import DOC_STYLES, PROTOCOLS, TEMPLATES, Protocol
 
 SCRIPTS = ("top-title",)
+MODES = ("iterative", "direct", "rag")
 
 
 @dataclass
@@ -40,8 +49,10 @@ class SystemSpec:
     api_key_env: str = ""  # environment variable holding the endpoint's API key (never stored)
     scripted: str = ""  # a scripted baseline: top-title
     mode: Literal["iterative", "direct", "rag"] = "iterative"
-    template: Literal["search-r1", "minimal"] = "search-r1"  # prompt for models that are not r3rag policies
+    template: Literal["search-r1", "minimal", "qa"] = "search-r1"  # prompt for models that are not r3rag policies
     doc_style: Literal["search-r1", "plain"] = "search-r1"
+    protocol: str = "search-r1"  # models that are not policies: search-r1 (with `template`) or ircot
+    top_k: int = 0  # documents per search; 0 = eval's top_k
     chat: bool = True  # use the tokenizer's chat template when it has one (models that are not policies)
     dtype: str = "auto"  # transformers models: auto | float32 | bfloat16 | float16
     request_params: dict = field(default_factory=dict)  # endpoint: extra chat-completions fields
@@ -54,6 +65,7 @@ class System:
     protocol: Protocol
     make_generator: object  # (temperature, seed) -> Generator
     tokenizer: object = None
+    top_k: int = 0  # documents per search; 0 = eval's top_k
 
 
 def is_policy_artifact(ref: str) -> bool:
@@ -71,6 +83,22 @@ def check_spec(label: str, spec: SystemSpec) -> None:
         raise UserError(f"eval.models.{label}: set model (a policy artifact, a transformers path or hub id)")
     if spec.scripted and spec.mode != "iterative":
         raise UserError(f"eval.models.{label}: a scripted system runs in mode iterative")
+    _check_choices(label, spec)
+    if spec.protocol == "ircot" and spec.mode != "iterative":
+        raise UserError(f"eval.models.{label}: protocol ircot runs in mode iterative (got {spec.mode!r})")
+    if spec.endpoint and spec.template == "qa" and spec.mode == "rag":
+        # the chat generator rebuilds the prompt from the question alone: the documents would be lost
+        raise UserError(f"eval.models.{label}: template qa with mode rag is not supported for endpoints")
+    if spec.top_k < 0:
+        raise UserError(f"eval.models.{label}.top_k: must be 0 (eval's top_k) or more, got {spec.top_k}")
+
+
+def _check_choices(label: str, spec: SystemSpec) -> None:
+    """A misspelled choice is one line naming the allowed values (specs built in code skip the config's check)."""
+    for key, allowed in (("mode", MODES), ("template", TEMPLATES), ("doc_style", DOC_STYLES), ("protocol", PROTOCOLS)):
+        value = getattr(spec, key)
+        if value not in allowed:
+            raise UserError(f"eval.models.{label}.{key}: unknown {key} {value!r} (allowed: {', '.join(allowed)})")
 
 
 def load_system(label: str, spec: SystemSpec, policy_path: Path | None, batch_size: int,
@@ -78,8 +106,15 @@ def load_system(label: str, spec: SystemSpec, policy_path: Path | None, batch_si
     """`policy_path`: the resolved artifact when `spec.model` is a policy artifact. `backend`:
     transformers, or vllm (a vLLM engine loads the same weights; `engines` caches them by weights)."""
     check_spec(label, spec)
+    system = _build_system(label, spec, policy_path, batch_size, static_cache, backend, engines)
+    system.top_k = spec.top_k
+    return system
+
+
+def _build_system(label: str, spec: SystemSpec, policy_path: Path | None, batch_size: int, static_cache: bool,
+                  backend: str, engines: dict | None) -> System:
     if spec.scripted:
-        protocol = Protocol(template=spec.template, doc_style=spec.doc_style)
+        protocol = Protocol(name=spec.protocol, template=spec.template, doc_style=spec.doc_style)
         return System(label, spec.mode, protocol, lambda temperature, seed: top_title_generator(protocol))
     if spec.endpoint:
         return _endpoint_system(label, spec)
@@ -111,7 +146,7 @@ def _protocol(spec: SystemSpec, policy_path: Path | None) -> Protocol:
 
     if policy_path is not None:
         return Protocol(**load_protocol_dict(policy_path))
-    return Protocol(template=spec.template, doc_style=spec.doc_style, chat=spec.chat)
+    return Protocol(name=spec.protocol, template=spec.template, doc_style=spec.doc_style, chat=spec.chat)
 
 
 def weights_source(spec: SystemSpec, policy_path: Path | None) -> str:
@@ -137,7 +172,7 @@ def _endpoint_system(label: str, spec: SystemSpec) -> System:
     from r3rag.generation.openai_chat import ChatGenerator
     from r3rag.llm.openai_client import ChatClient
 
-    protocol = Protocol(template=spec.template, doc_style=spec.doc_style)
+    protocol = Protocol(name=spec.protocol, template=spec.template, doc_style=spec.doc_style)
 
     def make(temperature: float, seed: int):
         client = ChatClient(spec.endpoint, spec.model, api_key_env=spec.api_key_env, **spec.request_params)

@@ -20,25 +20,53 @@ from r3rag.env import Trajectory, Turn, join_turns
 IGNORE = -100
 
 
-def completion_with_eos(traj: Trajectory, eos_id: int, budget: int = 0) -> tuple[list[int], list[int]]:
+def completion_with_eos(traj: Trajectory, eos_id: int, budget: int = 0,
+                        eos_rule: str = "answer") -> tuple[list[int], list[int]]:
     """The one span rule for SFT labels and the GRPO env_mask: the joined turns, then EOS.
 
-    EOS is a model token (learned) only after an answer. A trajectory that stopped otherwise
-    (turn or token limit, malformed step) still ends in EOS, so TRL does not take it for a
-    truncated sample and zero it, but that EOS is masked: nothing teaches the model to stop
-    mid-search. `budget` caps the length, EOS kept last (then masked: the trajectory was cut).
+    Which EOS is a learned model token, by `eos_rule`:
+    - "answer" (SFT, teacher text): EOS after an answer, as the chat template's end-of-message
+      closes the assistant's reply;
+    - "sampled" (RL rollouts, `grpo.rollout_batch`): only an EOS the model itself sampled
+      (`traj.eos_sampled`): that id, once, last. A turn the env stopped at `</answer>` never
+      sampled one, so the EOS appended for TRL is masked.
+    A trajectory that stopped otherwise (turn or token limit, malformed step) still ends in EOS,
+    so TRL does not take it for a truncated sample and zero it, but that EOS is masked: nothing
+    teaches the model to stop mid-search. `budget` caps the length, EOS kept last (then masked:
+    the trajectory was cut).
     """
+    if eos_rule not in ("answer", "sampled"):
+        raise ValueError(f"eos_rule: expected 'answer' or 'sampled', got {eos_rule!r}")
     ids, mask = join_turns(traj.turns)
-    eos_learned = int(traj.finish_reason == "answer")
+    if traj.eos_sampled and ids and ids[-1] == eos_id:  # the generator kept the EOS it sampled: it is the one
+        ids, mask = ids[:-1], mask[:-1]
+    eos_learned = int(traj.eos_sampled if eos_rule == "sampled" else traj.finish_reason == "answer")
     if budget and len(ids) >= budget:
         ids, mask, eos_learned = ids[: budget - 1], mask[: budget - 1], 0
     return ids + [eos_id], mask + [eos_learned]
 
 
-def tokenize_trajectory(row: dict, tokenizer, max_length: int = 0) -> tuple[list[int], list[int]]:
+def framed_prompt(traj: Trajectory, tokenizer, protocol=None) -> str:
+    """The prompt text a trajectory is trained from: the protocol's `context_prompt` for this
+    tokenizer (its chat template when `chat`), as RL and eval frame it; the stored prompt when
+    no protocol is given. A teacher without this tokenizer (the oracle) stored the plain prompt."""
+    return traj.prompt if protocol is None else protocol.context_prompt(traj.question, tokenizer)
+
+
+def require_chat_template(protocol, tokenizer, where: str) -> None:
+    """A protocol with `chat` needs a tokenizer that has a chat template: one clear line, not a
+    silent fallback to the plain prompt (training and evaluation would then frame differently)."""
+    if getattr(protocol, "chat", False) and not getattr(tokenizer, "chat_template", None):
+        from r3rag.errors import UserError
+
+        raise UserError(f"{where}: the protocol has chat=true but the tokenizer has no chat template "
+                        "(use an instruct model's tokenizer, or set chat=false)")
+
+
+def tokenize_trajectory(row: dict, tokenizer, max_length: int = 0, protocol=None) -> tuple[list[int], list[int]]:
     """Prompt + turns + EOS; loss only on model turns (and EOS after an answer): `completion_with_eos`."""
     traj = Trajectory.from_json(row)
-    prompt_ids = tokenizer.encode(traj.prompt, add_special_tokens=False)
+    prompt_ids = tokenizer.encode(framed_prompt(traj, tokenizer, protocol), add_special_tokens=False)
     traj.turns = [Turn(t.role, t.text, tokenizer.encode(t.text, add_special_tokens=False)) for t in traj.turns]
     comp_ids, mask = completion_with_eos(traj, tokenizer.eos_token_id)
     ids = prompt_ids + comp_ids
@@ -48,12 +76,12 @@ def tokenize_trajectory(row: dict, tokenizer, max_length: int = 0) -> tuple[list
     return ids, labels
 
 
-def tokenize_steps(row: dict, tokenizer, max_length: int = 0) -> list[tuple[list[int], list[int]]]:
+def tokenize_steps(row: dict, tokenizer, max_length: int = 0, protocol=None) -> list[tuple[list[int], list[int]]]:
     """R3-RAG's view: one sample per model turn, whose prompt is the question, the earlier steps
     and their documents (no loss) and whose completion is that step (loss; EOS after a final answer).
     Too long a sample loses context from the left, never its step."""
     traj = Trajectory.from_json(row)
-    context = tokenizer.encode(traj.prompt, add_special_tokens=False)
+    context = tokenizer.encode(framed_prompt(traj, tokenizer, protocol), add_special_tokens=False)
     last_model = max(i for i, t in enumerate(traj.turns) if t.role == "model")
     samples = []
     for i, t in enumerate(traj.turns):

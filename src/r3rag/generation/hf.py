@@ -142,8 +142,8 @@ class HFGenerator:
     def _cut(self, gen: list[int], stop: tuple[str, ...], stop_ids: list[int] | None) -> Generated:
         eos = self.tokenizer.eos_token_id
         for j, tok in enumerate(gen):
-            if tok == eos:
-                return Generated(self.tokenizer.decode(gen[:j], skip_special_tokens=True), gen[:j], "eos")
+            if tok == eos:  # the sampled EOS stays in the ids (it is trained on in RL), not in the text
+                return Generated(self.tokenizer.decode(gen[:j], skip_special_tokens=True), gen[: j + 1], "eos")
             if stop_ids is not None:
                 hit = tok in stop_ids
             else:

@@ -3,4 +3,4 @@
 `INPUTS` in each module maps config fields that name input artifacts to the stage they must come from.
 """
 
-STAGE_ORDER = ("world", "index", "synthesize", "base", "sft", "rl", "eval")
+STAGE_ORDER = ("model", "world", "index", "synthesize", "base", "sft", "rl", "eval")

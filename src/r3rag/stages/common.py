@@ -21,7 +21,7 @@ import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-from r3rag.artifacts import ArtifactRef, ArtifactWriter, default_runs_dir, file_sha256, resolve
+from r3rag.artifacts import ArtifactRef, ArtifactWriter, default_runs_dir, file_sha256, load_manifest, resolve
 from r3rag.errors import UserError
 from r3rag.jsonl import iter_numbered, unique_by_id
 
@@ -60,6 +60,40 @@ def resolve_inputs(cfg, input_fields: dict[str, str], ctx: Context) -> dict[str,
     """Resolve every input field that is set (an empty string means "not used")."""
     return {f: file_input(getattr(cfg, f)) if stage == FILE else resolve(getattr(cfg, f), stage, ctx.runs_dir)
             for f, stage in input_fields.items() if getattr(cfg, f)}
+
+
+def model_ref(value: str, ctx: Context) -> ArtifactRef | None:
+    """The `model` artifact (r3rag import-model) that `value` names: `model:latest`, `model:<id>` or
+    its directory; None for anything else (a hub id, a plain model directory, `tiny`)."""
+    if value.startswith("model:") and not Path(value).exists():
+        return resolve(value, "model", ctx.runs_dir)
+    if value and Path(value).is_dir() and (load_manifest(Path(value)) or {}).get("stage") == "model":
+        return resolve(value, "model", ctx.runs_dir)
+    return None
+
+
+def add_model_input(value: str, inputs: dict[str, ArtifactRef], input_fields: dict[str, str], ctx: Context,
+                    key: str = "model") -> dict[str, str]:
+    """Record a `model` artifact named by config field `key` as an input (its content hash, not its
+    name, then enters the artifact id); returns the input fields for `ctx.writer`."""
+    ref = model_ref(value, ctx)
+    if ref is None:
+        return input_fields
+    inputs[key] = ref
+    return {**input_fields, key: "model"}
+
+
+def model_location(value: str, inputs: dict[str, ArtifactRef], key: str = "model") -> str:
+    """What to load: a model artifact's `model/` directory (or the hub id / directory its
+    model.json points at), else `value` itself (hub id or path)."""
+    if key not in inputs:
+        return value
+    pointer = inputs[key].path / "model.json"
+    if pointer.is_file():
+        import json
+
+        return json.loads(pointer.read_text())["model"]
+    return str(inputs[key].path / "model")
 
 
 def file_input(path: str | Path) -> ArtifactRef:

@@ -16,8 +16,10 @@ seed+1, ...); EM/F1 then average over samples per question, and `em_any` is the 
 questions with at least one correct sample. `judge`: an LLM judge over an OpenAI-compatible
 endpoint adds `judge_acc` (R3-RAG's metric).
 
-Writes `predictions.jsonl` and `metrics.json` (`{"systems": {label: {"em", "f1", "n", ...}},
-"seconds": {stage: wall seconds}}`) and prints a table.
+Writes `predictions.jsonl`, `metrics.json` (`{"systems": {label: {"em", "f1", "n", "by_dataset",
+...}}, "seconds": {stage: wall seconds}, "comparisons": [...]}`) and `table.md` (every system per
+data set with 95% intervals; with `compare_to: [sft, rl]`, each system's EM difference from those
+over the same questions, with a paired-bootstrap interval), and prints a table.
 
 Usage:
 
@@ -27,10 +29,13 @@ Usage:
                --set 'systems=[top-title]' --set models.top-title.scripted=top-title
     r3rag eval --set 'retrievers=[index:latest,runs/index/dense-abc]' --set 'systems=[sft]'
     r3rag eval --set retriever=http://127.0.0.1:8000 --set index=    # search through a retrieval server
+    r3rag eval --set 'systems=[rag3,rag5]' --set models.rag3.model=HuggingFaceTB/SmolLM2-135M-Instruct \
+               --set models.rag3.template=qa --set models.rag3.mode=rag --set models.rag3.top_k=3 ...
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import time
 from dataclasses import dataclass, field
@@ -40,10 +45,11 @@ from r3rag.artifacts import ArtifactRef, resolve
 from r3rag.env import EnvConfig, run_rollouts
 from r3rag.errors import UserError
 from r3rag.eval_metrics import print_table, stage_seconds, summarize, to_prediction
+from r3rag.eval_tables import comparison_table, dataset_table, paired_comparisons
 from r3rag.jsonl import read_jsonl, write_jsonl
 from r3rag.judge import AnswerJudge, JudgeSpec
 from r3rag.retrieval import is_url, open_retriever
-from r3rag.stages.common import FILE, Context, load_questions, resolve_inputs, set_threads
+from r3rag.stages.common import FILE, Context, load_questions, model_location, model_ref, resolve_inputs, set_threads
 from r3rag.systems import System, SystemSpec, check_spec, is_policy_artifact, load_system, weights_source
 
 INPUTS = {"world": "world", "questions": FILE, "index": "index", "sft": "sft", "rl": "rl"}
@@ -76,6 +82,7 @@ class Config:
     temperature: float = 0.0  # 0 = greedy
     n_samples: int = 1  # draws per question when sampling
     judge: JudgeSpec = field(default_factory=JudgeSpec)
+    compare_to: list[str] = field(default_factory=list)  # systems every other one is compared with (paired bootstrap)
     threads: int = 0
     seed: int = 0
 
@@ -89,7 +96,10 @@ def run(cfg: Config, ctx: Context):
     policies = {label: resolved.get(s.model) or resolve_policy(s.model, ctx) for label, s in specs.items()
                 if s.model and not s.endpoint and is_policy_artifact(s.model)}
     retrievers = retriever_refs(cfg, inputs, ctx)
-    all_inputs = {**inputs, **{f"model:{k}": v for k, v in policies.items() if k not in BUILTINS},
+    imported = model_artifacts(specs, ctx)  # `model: model:latest`: load its model/, hash its content
+    specs = {label: dataclasses.replace(s, model=model_location(s.model, {"model": imported[label]}))
+             if label in imported else s for label, s in specs.items()}
+    all_inputs = {**inputs, **{f"model:{k}": v for k, v in {**policies, **imported}.items() if k not in BUILTINS},
                   **{f"retriever:{k}": v for k, v in retrievers.items() if isinstance(v, ArtifactRef)}}
     writer = ctx.writer("eval", cfg, all_inputs, INPUTS)
     if writer.existing:
@@ -123,7 +133,9 @@ def run(cfg: Config, ctx: Context):
         seconds = stage_seconds(inputs)
         seconds["eval"] = round(time.time() - t0, 1)
         metrics = {"systems": results, "seconds": seconds, "dataset": dataset_name(cfg, inputs)}
+        metrics["comparisons"] = paired_comparisons(predictions, cfg.compare_to)
         (writer.dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
+        (writer.dir / "table.md").write_text(dataset_table(results) + "\n" + comparison_table(metrics["comparisons"]))
         writer.metrics.update({s: {"em": m["em"], "f1": m["f1"], "n": m["n"]} for s, m in results.items()})
         print_table(metrics, ctx.console)
     return ctx.done(writer)
@@ -136,6 +148,12 @@ def validate(cfg: Config) -> None:
         raise UserError("eval.n_samples: must be at least 1")
     if cfg.backend not in ("transformers", "vllm"):
         raise UserError(f"eval.backend: expected transformers or vllm, got {cfg.backend!r}")
+
+
+def model_artifacts(specs: dict[str, SystemSpec], ctx: Context) -> dict[str, ArtifactRef]:
+    """The systems whose `model` names a `model` artifact (r3rag import-model), resolved."""
+    refs = {label: model_ref(s.model, ctx) for label, s in specs.items() if s.model and not s.endpoint}
+    return {label: ref for label, ref in refs.items() if ref is not None}
 
 
 def check_vllm_weights(cfg: Config, specs: dict[str, SystemSpec], policies: dict) -> None:
@@ -226,7 +244,8 @@ def resolve_policy(ref: str, ctx: Context) -> ArtifactRef:
 def evaluate_system(system: System, questions: list[dict], retriever, cfg: Config, ctx: Context,
                     label: str) -> tuple[list[dict], float]:
     """Prediction rows (one per question and sample) and the wall seconds they took."""
-    env_cfg = EnvConfig(mode=system.mode, top_k=cfg.top_k, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens)
+    top_k = getattr(system, "top_k", 0) or cfg.top_k  # a system's own depth (rag3, rag5) wins over eval's
+    env_cfg = EnvConfig(mode=system.mode, top_k=top_k, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens)
     n_samples = cfg.n_samples if cfg.temperature > 0 else 1
     rows, chunk = [], cfg.batch_size * 4
     t0 = time.perf_counter()

@@ -24,6 +24,7 @@ Usage:
 
 from __future__ import annotations
 
+import dataclasses
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -35,7 +36,7 @@ from r3rag.jsonl import read_jsonl
 from r3rag.protocol import Protocol
 from r3rag.retrieval import is_url, open_retriever
 from r3rag.rewards import RewardSettings
-from r3rag.stages.common import FILE, Context, load_questions, resolve_inputs, set_threads
+from r3rag.stages.common import FILE, Context, add_model_input, load_questions, model_location, resolve_inputs, set_threads
 from r3rag.training import LoraSettings, load_protocol_dict, save_policy
 
 INPUTS = {"policy": "sft", "world": "world", "index": "index", "questions": FILE}
@@ -112,9 +113,10 @@ def run(cfg: Config, ctx: Context):
     skip |= {"policy"} if cfg.model else set()
     skip |= {"world"} if cfg.questions else set()
     inputs = resolve_inputs(cfg, {k: v for k, v in INPUTS.items() if k not in skip}, ctx)
-    writer = ctx.writer("rl", cfg, inputs, INPUTS)
+    writer = ctx.writer("rl", cfg, inputs, add_model_input(cfg.model, inputs, INPUTS, ctx))
     if writer.existing:
         return ctx.skipped(writer)
+    cfg = dataclasses.replace(cfg, model=model_location(cfg.model, inputs))  # a model artifact's model/
     set_threads(cfg.threads)
     from r3rag.grpo import resolve_vllm
 
@@ -195,7 +197,9 @@ def _start(cfg: Config, inputs):
         base = str(inputs["policy"].path)
     if cfg.max_doc_chars is not None:
         protocol_dict = {**protocol_dict, "max_doc_chars": cfg.max_doc_chars}
-    Protocol(**protocol_dict)  # fails early on a bad template / doc style
+    from r3rag.training import require_chat_template
+
+    require_chat_template(Protocol(**protocol_dict), tokenizer, "rl")  # also fails early on a bad template
     if cfg.lora:
         from r3rag.training import apply_lora
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 
 from r3rag.errors import UserError
 from r3rag.jsonl import read_jsonl
-from r3rag.stages.common import Context, resolve_inputs, set_threads
+from r3rag.stages.common import Context, add_model_input, model_location, resolve_inputs, set_threads
 from r3rag.training import LoraSettings, save_policy, tokenize_steps, tokenize_trajectory
 
 INPUTS = {"data": "synthesize", "world": "world", "base": "base"}
@@ -65,7 +65,7 @@ def run(cfg: Config, ctx: Context):
         raise UserError(f"sft.view: expected one of {', '.join(VIEWS)}, got {cfg.view!r}")
     fields = {k: v for k, v in INPUTS.items() if getattr(cfg, k)}
     inputs = resolve_inputs(cfg, fields, ctx)
-    writer = ctx.writer("sft", cfg, inputs, INPUTS)
+    writer = ctx.writer("sft", cfg, inputs, add_model_input(cfg.model, inputs, INPUTS, ctx))
     if writer.existing:
         return ctx.skipped(writer)
     set_threads(cfg.threads)
@@ -74,11 +74,15 @@ def run(cfg: Config, ctx: Context):
     rows = rows[: cfg.limit] if cfg.limit else rows
     protocol = json.loads((inputs["data"].path / "protocol.json").read_text())
     model, tokenizer = _base_model(cfg, inputs, rows)
+    from r3rag.protocol import Protocol
+    from r3rag.training import require_chat_template
+
+    require_chat_template(Protocol(**protocol), tokenizer, "sft")
     with writer:
         t0 = time.time()
-        stats = train_sft(model, tokenizer, rows, cfg, writer.dir / "checkpoints", ctx)
+        stats = train_sft(model, tokenizer, rows, cfg, writer.dir / "checkpoints", ctx, Protocol(**protocol))
         save_policy(stats.pop("model"), tokenizer, writer.dir, protocol,
-                    f"base:{inputs['base'].id}" if "base" in inputs else cfg.model)
+                    f"base:{inputs['base'].id}" if "base" in inputs else model_location(cfg.model, inputs))
         shutil.rmtree(writer.dir / "checkpoints", ignore_errors=True)
         writer.metrics.update({**stats, "train_seconds": round(time.time() - t0, 1), "trajectories": len(rows)})
     return ctx.done(writer)
@@ -93,6 +97,9 @@ def _base_model(cfg: Config, inputs, rows):
     elif cfg.model == "tiny":
         if "world" not in inputs:
             raise UserError("sft: model=tiny needs a world artifact (world: world:latest) for its vocabulary")
+        if not (inputs["world"].path / "vocab.txt").is_file():
+            raise UserError("sft: model=tiny needs a synthetic world (its vocab.txt); for real data set model "
+                            "to a pretrained model (e.g. model:latest from r3rag import-model)")
         vocab = (inputs["world"].path / "vocab.txt").read_text().split()
         texts = [" ".join(vocab)] + [r["prompt"] for r in rows[:2000]] + \
                 [t["text"] for r in rows[:2000] for t in r["turns"]]
@@ -100,8 +107,8 @@ def _base_model(cfg: Config, inputs, rows):
         model = modeling.tiny_model(tokenizer, cfg.arch, cfg.layers, cfg.hidden, cfg.heads, cfg.intermediate,
                                     max_positions=max(cfg.max_length, 512), seed=cfg.seed)
     else:
-        tokenizer = modeling.load_tokenizer(cfg.model)
-        model = modeling.load_model(cfg.model)
+        tokenizer = modeling.load_tokenizer(model_location(cfg.model, inputs))
+        model = modeling.load_model(model_location(cfg.model, inputs))
     if cfg.lora:
         from r3rag.training import apply_lora
 
@@ -109,7 +116,7 @@ def _base_model(cfg: Config, inputs, rows):
     return model, tokenizer
 
 
-def train_sft(model, tokenizer, rows, cfg: Config, out_dir, ctx: Context) -> dict:
+def train_sft(model, tokenizer, rows, cfg: Config, out_dir, ctx: Context, protocol=None) -> dict:
     from datasets import Dataset
     from trl import SFTConfig
 
@@ -117,9 +124,9 @@ def train_sft(model, tokenizer, rows, cfg: Config, out_dir, ctx: Context) -> dic
     from r3rag.training import checkpointing_flag, device_flags
 
     if cfg.view == "step":
-        encoded = [s for r in rows for s in tokenize_steps(r, tokenizer, cfg.max_length)]
+        encoded = [s for r in rows for s in tokenize_steps(r, tokenizer, cfg.max_length, protocol)]
     else:
-        encoded = [tokenize_trajectory(r, tokenizer, cfg.max_length) for r in rows]
+        encoded = [tokenize_trajectory(r, tokenizer, cfg.max_length, protocol) for r in rows]
     ds = Dataset.from_dict({"input_ids": [e[0] for e in encoded], "labels": [e[1] for e in encoded]})
     args = SFTConfig(
         output_dir=str(out_dir), num_train_epochs=cfg.epochs, per_device_train_batch_size=cfg.batch_size,

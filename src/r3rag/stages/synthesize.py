@@ -52,7 +52,7 @@ from r3rag.judge import AnswerJudge
 from r3rag.jsonl import read_jsonl, write_jsonl
 from r3rag.protocol import PROTOCOLS, Protocol
 from r3rag.retrieval import is_url, open_retriever
-from r3rag.stages.common import FILE, Context, load_questions, resolve_inputs, set_threads
+from r3rag.stages.common import FILE, Context, add_model_input, load_questions, model_location, resolve_inputs, set_threads
 from r3rag import teachers
 
 INPUTS = {"world": "world", "index": "index", "questions": FILE}
@@ -78,6 +78,8 @@ class Config:
     protocol: str = "search-r1"  # or r3rag
     template: str = "search-r1"
     doc_style: str = "search-r1"
+    chat: bool = False  # the student is an instruct model: prompts inside its chat template (sft, rl, eval)
+    max_doc_chars: int = 0  # cut each retrieved document to this many characters (0 = whole)
     top_k: int = 3
     max_turns: int = 6
     max_new_tokens: int = 256  # per step (openai, hf)
@@ -107,14 +109,17 @@ def run(cfg: Config, ctx: Context):
               if not (remote and k == "index") and not (k == "world" and cfg.questions and not cfg.extra_worlds)}
     inputs = resolve_inputs(cfg, fields, ctx)
     defaults = Config()
+    fields = add_model_input(cfg.model, inputs, INPUTS, ctx) if cfg.teacher == "hf" else INPUTS
     writer = ctx.writer("synthesize", dataclasses.replace(cfg, **{k: getattr(defaults, k) for k in OPERATIONAL}),
-                        inputs, INPUTS)
+                        inputs, fields)
     writer.config = dataclasses.asdict(cfg)
     if writer.existing:
         return ctx.skipped(writer)
+    cfg = dataclasses.replace(cfg, model=model_location(cfg.model, inputs))  # the hf teacher loads this
     set_threads(cfg.threads)
     sources = _sources(cfg, inputs)
-    protocol = Protocol(name=cfg.protocol, template=cfg.template, doc_style=cfg.doc_style)
+    protocol = Protocol(name=cfg.protocol, template=cfg.template, doc_style=cfg.doc_style, chat=cfg.chat,
+                        max_doc_chars=cfg.max_doc_chars)
     t0 = time.time()
     with Journal(writer.final.parent / f".journal-{writer.id}.jsonl") as journal:
         resumed = len(journal.done)
@@ -132,7 +137,8 @@ def run(cfg: Config, ctx: Context):
             write_jsonl(writer.dir / "trajectories.jsonl", accepted)
             write_jsonl(writer.dir / "rejected.jsonl", [_public(r) for r in rows if r["status"] == "rejected"])
             (writer.dir / "protocol.json").write_text(json.dumps(
-                {"name": cfg.protocol, "template": cfg.template, "doc_style": cfg.doc_style}))
+                {"name": cfg.protocol, "template": cfg.template, "doc_style": cfg.doc_style, "chat": cfg.chat,
+                 "max_doc_chars": cfg.max_doc_chars}))
             writer.metrics.update(_stats(rows, len(sources) - 1, resumed, time.time() - t0))
         journal.remove()
     return ctx.done(writer)

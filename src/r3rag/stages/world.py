@@ -8,29 +8,58 @@ are about entities (people, companies, universities) that no training question m
 It also measures how often the question text alone retrieves the documents a question
 needs (BM25, top-k): questions must need iterative retrieval, so this should be near 0.
 
+`source: files` reads real questions and passages instead (see r3rag.data.real): question files
+per split (`train`, `dev`, `test`; any format `r3rag import` reads) and `corpus` files, relative
+to `data_root` (default `$R3RAG_DATA` or ../shared/data), `limits` questions per file and split.
+The same files are written (plus `dev.jsonl`), so every later stage reads it like a world; the
+artifact id follows the files' content, not where they are.
+
 Usage:
 
     r3rag world --set seed=7
+    r3rag world --config pipelines/real-smollm2.yaml     # source: files (the shared HotpotQA...)
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections import Counter
+from dataclasses import dataclass, field
 
 from r3rag.data.world import WorldConfig, generate_world, world_vocabulary
+from r3rag.errors import UserError
 from r3rag.jsonl import write_jsonl
-from r3rag.stages.common import Context
+from r3rag.stages.common import Context, file_input
 
 INPUTS: dict[str, str] = {}
 
 
 @dataclass
 class Config(WorldConfig):
+    UNHASHED = ("data_root",)  # where the files are, not what they hold (their content is hashed)
+
     name: str = "default"
     probe_top_k: int = 3  # k for the question-only retrieval probe
+    source: str = "synthetic"  # synthetic (generated) or files (real questions and passages)
+    train: list[str] = field(default_factory=list)  # source=files: question files, relative to data_root
+    dev: list[str] = field(default_factory=list)
+    test: list[str] = field(default_factory=list)
+    corpus: list[str] = field(default_factory=list)  # passage files (FlashRAG contents or id/title/text)
+    limits: dict[str, int] = field(default_factory=dict)  # split -> first N questions of each file (0 = all)
+    data_root: str = ""  # "" = $R3RAG_DATA or ../shared/data
+
+
+def validate(cfg: Config) -> None:
+    if cfg.source not in ("synthetic", "files"):
+        raise UserError(f"world.source: expected synthetic or files, got {cfg.source!r}")
+    bad = sorted(set(cfg.limits) - {"train", "dev", "test"})
+    if bad:
+        raise UserError(f"world.limits: unknown split {bad[0]!r} (expected train, dev or test)")
 
 
 def run(cfg: Config, ctx: Context):
+    validate(cfg)
+    if cfg.source == "files":
+        return _run_files(cfg, ctx)
     writer = ctx.writer("world", cfg, {}, INPUTS)
     if writer.existing:
         return ctx.skipped(writer)
@@ -72,3 +101,37 @@ def question_only_probe(docs: list[dict], questions: list[dict], k: int) -> dict
     n = max(len(questions), 1)
     return {f"question_only_all_docs@{k}": round(all_found / n, 4),
             f"question_only_bridge_doc@{k}": round(bridge_found / n, 4)}
+
+
+def _run_files(cfg: Config, ctx: Context):
+    from r3rag.data.real import RealFiles, data_root, load_real, resolve_files
+
+    files = RealFiles(cfg.train, cfg.dev, cfg.test, cfg.corpus, dict(cfg.limits))
+    root = data_root(cfg.data_root)
+    paths = resolve_files(files, root)
+    inputs = {f"{split}:{i}": file_input(p) for split, ps in paths.items() for i, p in enumerate(ps)}
+    writer = ctx.writer("world", cfg, inputs, INPUTS)
+    if writer.existing:
+        return ctx.skipped(writer)
+    data = load_real(files, root)
+    with writer:
+        write_jsonl(writer.dir / "corpus.jsonl", data.docs)
+        for split, questions in data.splits.items():
+            write_jsonl(writer.dir / f"{split}.jsonl", questions)
+        writer.metrics.update({
+            "docs": len(data.docs), **{f"{s}_questions": len(qs) for s, qs in data.splits.items()},
+            "datasets": {s: dict(Counter(q["metadata"].get("dataset", "unknown") for q in qs))
+                         for s, qs in data.splits.items() if qs},
+            "dropped_from_train": data.dropped_from_train,
+            "gold_in_corpus": _gold_coverage(data.docs, [q for qs in data.splits.values() for q in qs]),
+        })
+    return ctx.done(writer)
+
+
+def _gold_coverage(docs: list[dict], questions: list[dict]) -> float | None:
+    """Share of questions with supporting titles whose every gold title is a corpus title."""
+    titles = {d["title"].strip().lower() for d in docs}
+    gold = [q["metadata"]["supporting_titles"] for q in questions if q["metadata"].get("supporting_titles")]
+    if not gold:
+        return None
+    return round(sum(all(t.strip().lower() in titles for t in g) for g in gold) / len(gold), 4)

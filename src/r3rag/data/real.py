@@ -1,0 +1,107 @@
+"""Real questions and passages as a "world": train / dev / test splits and one corpus, from files.
+
+The world stage's `source: files` reads question files (any format `r3rag import` reads:
+HotpotQA, 2Wiki, MuSiQue, FlashRAG JSONL; the shared data's files) per split, and corpus files
+(FlashRAG `contents` or `{id, title, text}`), relative to `data_root` (default: `$R3RAG_DATA`
+or the checkout's `../shared/data`). The corpus is the corpus files plus every context
+paragraph the questions carry (so each question's gold passages can be retrieved), one copy
+per title + text. A question that appears in an evaluation split (same id, or the same
+normalised text) is dropped from `train`: training never sees a dev or test question.
+
+Usage:
+    files = RealFiles(train=["hotpotqa/train_hipporag_sample.jsonl"], test=[...], corpus=[...])
+    data = load_real(files, root)     # RealData(docs, splits={"train": [...], "test": [...]}, dropped)
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from r3rag.data.corpus import load_corpus
+from r3rag.data.importers import corpus_from_questions, import_questions
+from r3rag.errors import UserError
+
+SPLITS = ("train", "dev", "test")
+
+
+@dataclass
+class RealFiles:
+    train: list[str] = field(default_factory=list)
+    dev: list[str] = field(default_factory=list)
+    test: list[str] = field(default_factory=list)
+    corpus: list[str] = field(default_factory=list)
+    limits: dict[str, int] = field(default_factory=dict)  # split -> questions per file (0 = all)
+
+
+@dataclass
+class RealData:
+    docs: list[dict]
+    splits: dict[str, list[dict]]
+    dropped_from_train: int = 0
+
+
+def data_root(configured: str) -> Path:
+    """`configured`, else the shared data (`$R3RAG_DATA` or ../shared/data)."""
+    from r3rag.data.shared import shared_data
+
+    root = Path(configured).expanduser() if configured else shared_data()
+    if root is None or not root.is_dir():
+        raise UserError(f"world.data_root: data directory {configured or '../shared/data (or $R3RAG_DATA)'} not found")
+    return root
+
+
+def resolve_files(files: RealFiles, root: Path) -> dict[str, list[Path]]:
+    """Every file by split (and "corpus"), checked to exist; one line naming the first missing one."""
+    out = {}
+    for split in (*SPLITS, "corpus"):
+        paths = [root / f for f in getattr(files, split)]
+        missing = [p for p in paths if not p.is_file()]
+        if missing:
+            raise UserError(f"world.{split}: file not found: {missing[0]}")
+        out[split] = paths
+    if not out["train"] and not out["test"]:
+        raise UserError("world: source=files needs question files in train and/or test")
+    return out
+
+
+def load_real(files: RealFiles, root: Path) -> RealData:
+    paths = resolve_files(files, root)
+    splits = {s: _questions(paths[s], files.limits.get(s, 0)) for s in SPLITS}
+    held_out = [q for s in ("dev", "test") for q in splits[s]]
+    seen_ids, seen_text = {q["id"] for q in held_out}, {_norm(q["question"]) for q in held_out}
+    train = [q for q in splits["train"] if q["id"] not in seen_ids and _norm(q["question"]) not in seen_text]
+    dropped = len(splits["train"]) - len(train)
+    splits["train"] = train
+    return RealData(_corpus(paths["corpus"], [q for qs in splits.values() for q in qs]), splits, dropped)
+
+
+def _questions(paths: list[Path], limit: int) -> list[dict]:
+    out, ids = [], set()
+    for path in paths:
+        for q in import_questions(path, "auto", limit)[0]:
+            if q["id"] in ids:
+                raise UserError(f"{path}: question id {q['id']!r} also appears in an earlier file of the split")
+            ids.add(q["id"])
+            out.append(q)
+    return out
+
+
+def _corpus(paths: list[Path], questions: list[dict]) -> list[dict]:
+    """Corpus files, then the questions' own paragraphs; one document per title + text."""
+    docs, seen_keys, seen_ids = [], set(), set()
+    for doc in [d for p in paths for d in load_corpus(p)] + corpus_from_questions(questions):
+        key = (doc["title"].strip(), doc["text"].strip())
+        if key in seen_keys or not key[1]:
+            continue
+        if doc["id"] in seen_ids:
+            raise UserError(f"world.corpus: document id {doc['id']!r} appears twice with different text")
+        seen_keys.add(key)
+        seen_ids.add(doc["id"])
+        docs.append({"id": doc["id"], "title": doc["title"], "text": doc["text"]})
+    return docs
+
+
+def _norm(text: str) -> str:
+    return re.sub(r"\W+", " ", text.lower()).strip()

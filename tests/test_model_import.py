@@ -1,0 +1,115 @@
+"""`r3rag import-model`: a GGUF becomes a versioned `model` artifact that every stage loads;
+`world: {source: files}` reads real questions and passages."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from r3rag.errors import UserError
+from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
+
+
+def test_import_records_lineage_and_loads_like_any_model(smollm2_runs, smollm2):
+    runs, ref = smollm2_runs
+    m = ref.manifest["metrics"]
+    assert m["gguf_architecture"] == "llama" and m["model_class"] == "LlamaForCausalLM"
+    assert m["parameters"] == 134_515_008 and m["dtype"] == "float32" and m["chat_template"] is True
+    assert m["eos_token"] == "<|im_end|>"
+    source = ref.manifest["inputs"]["source"]
+    assert source["path"].endswith("SmolLM2-135M-Instruct.Q4_1.gguf") and len(source["content_hash"]) == 64
+    assert m["source_sha256"] == source["content_hash"]
+    assert (ref.path / "model" / "model.safetensors").is_file()
+    model, tok = smollm2
+    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
+                                     tokenize=False, add_generation_prompt=True)
+    ids = tok(prompt, return_tensors="pt", add_special_tokens=False)
+    out = model.generate(**ids, max_new_tokens=8, do_sample=False)
+    assert "Paris" in tok.decode(out[0, ids["input_ids"].shape[1]:])  # the pretrained weights, not noise
+
+
+def test_model_ref_resolves_and_is_hashed_by_content(smollm2_runs):
+    from r3rag.stages.common import Context, add_model_input, model_location, model_ref
+
+    runs, ref = smollm2_runs
+    ctx = Context(runs_dir=runs)
+    assert model_ref("model:latest", ctx).path == ref.path
+    assert model_ref(str(ref.path), ctx).path == ref.path
+    assert model_ref("Qwen/Qwen2.5-3B-Instruct", ctx) is None and model_ref("tiny", ctx) is None
+    inputs: dict = {}
+    fields = add_model_input("model:latest", inputs, {"world": "world"}, ctx)
+    assert fields == {"world": "world", "model": "model"} and inputs["model"].path == ref.path
+    assert model_location("model:latest", inputs) == str(ref.path / "model")
+    assert model_location("Qwen/Qwen2.5-3B-Instruct", {}) == "Qwen/Qwen2.5-3B-Instruct"
+
+
+def test_reimport_is_reused(smollm2_runs):
+    from r3rag.pipeline import run_stage
+
+    runs, ref = smollm2_runs
+    assert run_stage("model", None, [], runs).path == ref.path  # same source content: no second import
+
+
+@pytest.mark.parametrize("source, needle", [
+    ("missing.gguf", "GGUF file not found"),
+    ("model.bin", "not a model directory"),  # neither GGUF nor a transformers directory
+])
+def test_bad_source_is_one_line(tmp_path, source, needle):
+    out = r3rag_inprocess("import-model", str(tmp_path / source), "--runs-dir", tmp_path / "runs")
+    assert_one_line_error(out, needle)
+    assert not (tmp_path / "runs" / "model").exists() or not any((tmp_path / "runs" / "model").iterdir())
+
+
+def test_file_that_is_not_gguf_is_one_line(tmp_path):
+    pytest.importorskip("gguf")
+    bad = tmp_path / "broken.gguf"
+    bad.write_bytes(b"GGUF" + b"\x00" * 40)
+    out = r3rag_inprocess("import-model", bad, "--runs-dir", tmp_path / "runs")
+    assert_one_line_error(out, "broken.gguf")
+
+
+def test_gguf_of_an_architecture_transformers_cannot_load(tmp_path):
+    """A valid GGUF whose architecture transformers does not dequantise: one line naming it."""
+    gguf = pytest.importorskip("gguf")
+    import numpy as np
+
+    path = tmp_path / "odd.gguf"
+    writer = gguf.GGUFWriter(str(path), "rwkv6")
+    writer.add_block_count(1)
+    writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
+    writer.write_header_to_file()
+    writer.write_kv_data_to_file()
+    writer.write_tensors_to_file()
+    writer.close()
+    with pytest.raises(UserError, match="rwkv6"):
+        from r3rag.model_import import load_gguf
+
+        load_gguf(path)
+
+
+def test_real_world_from_shared_files(shared_root, tmp_path):
+    from r3rag.pipeline import run_stage
+
+    ref = run_stage("world", None, ["source=files", "train=[hotpotqa/train_hipporag_sample.jsonl]",
+                                    "test=[hotpotqa/dev_hoprag_examples.jsonl]", "limits={train: 5}"], tmp_path)
+    m = ref.manifest["metrics"]
+    assert m["train_questions"] == 5 and m["test_questions"] == 10 and m["gold_in_corpus"] == 1.0
+    docs = [json.loads(line) for line in open(ref.path / "corpus.jsonl")]
+    assert len({(d["title"], d["text"]) for d in docs}) == len(docs) == m["docs"]
+    assert "vocab.txt" not in {p.name for p in ref.path.iterdir()}
+
+
+def test_real_world_drops_training_questions_that_are_evaluated(shared_root, tmp_path):
+    from r3rag.pipeline import run_stage
+
+    same = "hotpotqa/dev_hoprag_examples.jsonl"
+    ref = run_stage("world", None, ["source=files", f"train=[{same}]", f"test=[{same}]"], tmp_path)
+    assert ref.manifest["metrics"]["train_questions"] == 0
+    assert ref.manifest["metrics"]["dropped_from_train"] == 10
+
+
+def test_real_world_missing_file_is_one_line(shared_root, tmp_path):
+    out = r3rag_inprocess("world", "--set", "source=files", "--set", "test=[nope/missing.jsonl]",
+                          "--runs-dir", tmp_path / "runs")
+    assert_one_line_error(out, "world.test", "missing.jsonl")
