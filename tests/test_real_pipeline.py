@@ -19,8 +19,9 @@ MINIATURE = ["model.name=smollm2-135m-instruct", "world.limits={train: 3, test: 
              "eval.max_turns=2"]
 
 
-def test_hub_model_plans_with_one_setting(tmp_path):
-    out = r3rag_inprocess("run", PIPELINE, "--dry-run", "--runs-dir", tmp_path,
+@pytest.mark.parametrize("name", ["real-smollm2.yaml", "real-smollm2-gpu.yaml"])
+def test_hub_model_plans_with_one_setting(tmp_path, name):
+    out = r3rag_inprocess("run", PIPELINE.parent / name, "--dry-run", "--runs-dir", tmp_path,
                           "--set", "model.source=Qwen/Qwen2.5-3B-Instruct")
     assert out.returncode == 0, out.stderr
     assert "dry run: the config is valid" in out.stdout and "Qwen/Qwen2.5-3B-Instruct" in out.stdout
