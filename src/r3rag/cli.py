@@ -165,7 +165,7 @@ def eval_retrieval_cmd(
 
 @app.command("import-model")
 def import_model_cmd(
-        source: Annotated[str, typer.Argument(help="A packaged model (smollm2-135m-instruct) or a path to a .gguf file.")] = "smollm2-135m-instruct",
+        source: Annotated[str, typer.Argument(help="A packaged model (smollm2-135m-instruct), a .gguf file, or a hub id / model directory (recorded, not copied).")] = "smollm2-135m-instruct",
         set_: SetOpt = None, runs_dir: RunsOpt = None, debug: DebugOpt = False):
     """A GGUF file (or a packaged model) as a versioned `model` artifact: `r3rag model --set source=SOURCE`.
 

@@ -53,6 +53,7 @@ class SystemSpec:
     doc_style: Literal["search-r1", "plain"] = "search-r1"
     protocol: str = "search-r1"  # models that are not policies: search-r1 (with `template`) or ircot
     top_k: int = 0  # documents per search; 0 = eval's top_k
+    max_doc_chars: int = 0  # cut each document to this many characters (0 = whole), e.g. as a policy was trained
     chat: bool = True  # use the tokenizer's chat template when it has one (models that are not policies)
     dtype: str = "auto"  # transformers models: auto | float32 | bfloat16 | float16
     request_params: dict = field(default_factory=dict)  # endpoint: extra chat-completions fields
@@ -89,6 +90,8 @@ def check_spec(label: str, spec: SystemSpec) -> None:
     if spec.endpoint and spec.template == "qa" and spec.mode == "rag":
         # the chat generator rebuilds the prompt from the question alone: the documents would be lost
         raise UserError(f"eval.models.{label}: template qa with mode rag is not supported for endpoints")
+    if spec.max_doc_chars < 0:
+        raise UserError(f"eval.models.{label}.max_doc_chars: must be 0 (whole documents) or more")
     if spec.top_k < 0:
         raise UserError(f"eval.models.{label}.top_k: must be 0 (eval's top_k) or more, got {spec.top_k}")
 
@@ -146,7 +149,8 @@ def _protocol(spec: SystemSpec, policy_path: Path | None) -> Protocol:
 
     if policy_path is not None:
         return Protocol(**load_protocol_dict(policy_path))
-    return Protocol(name=spec.protocol, template=spec.template, doc_style=spec.doc_style, chat=spec.chat)
+    return Protocol(name=spec.protocol, template=spec.template, doc_style=spec.doc_style, chat=spec.chat,
+                    max_doc_chars=spec.max_doc_chars)
 
 
 def weights_source(spec: SystemSpec, policy_path: Path | None) -> str:
