@@ -66,12 +66,10 @@ def summarize(rows: list[dict]) -> dict:
     for r in rows:
         per_q[r["id"]].append(r)
     qs = list(per_q.values())
-    em = [sum(r["em"] for r in rs) / len(rs) for rs in qs]
-    f1 = [sum(r["f1"] for r in rs) / len(rs) for rs in qs]
-    cover = [sum(float(r["cover"]) for r in rs) / len(rs) for rs in qs]
-    out = {"em": _mean(em) or 0.0, "f1": _mean(f1) or 0.0, "cover": _mean(cover) or 0.0,
+    scores = _scores(qs)
+    out = {"em": scores["em"] or 0.0, "f1": scores["f1"] or 0.0, "cover": scores["cover"] or 0.0,
            "n": len(qs), "samples": len(rows) // max(len(qs), 1),
-           "em_ci": bootstrap_ci(em), "f1_ci": bootstrap_ci(f1), "cover_ci": bootstrap_ci(cover),
+           "em_ci": scores["em_ci"], "f1_ci": scores["f1_ci"], "cover_ci": scores["cover_ci"],
            "searches": _mean([r["searches"] for r in rows]) or 0.0, "tokens": _mean([r["tokens"] for r in rows]),
            "finish_reasons": dict(Counter(r["finish_reason"] for r in rows)),
            "gold_doc_recall": _mean([r["gold_doc_recall"] for r in rows]),
@@ -104,11 +102,17 @@ def _by_dataset(rows: list[dict]) -> dict:
         per_q: dict[str, list[dict]] = defaultdict(list)
         for r in rs:
             per_q[r["id"]].append(r)
-        entry: dict = {"n": len(per_q)}
-        for key in ("em", "f1", "cover"):  # samples averaged per question first, as in summarize
-            values = [sum(float(r[key]) for r in q) / len(q) for q in per_q.values()]
-            entry[key], entry[f"{key}_ci"] = _mean(values), bootstrap_ci(values)
-        out[name] = entry
+        out[name] = {"n": len(per_q), **_scores(list(per_q.values()))}
+    return out
+
+
+def _scores(per_question: list[list[dict]]) -> dict:
+    """EM, F1 and cover, each averaged over a question's samples first (so the bootstrap
+    resamples questions), with their 95% intervals."""
+    out: dict = {}
+    for key in ("em", "f1", "cover"):
+        values = [sum(float(r[key]) for r in rows) / len(rows) for rows in per_question]
+        out[key], out[f"{key}_ci"] = _mean(values), bootstrap_ci(values)
     return out
 
 
