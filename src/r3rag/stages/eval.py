@@ -152,8 +152,10 @@ def validate(cfg: Config) -> None:
 
 def model_artifacts(specs: dict[str, SystemSpec], ctx: Context) -> dict[str, ArtifactRef]:
     """The systems whose `model` names a `model` artifact (r3rag import-model), resolved."""
-    refs = {label: model_ref(s.model, ctx) for label, s in specs.items() if s.model and not s.endpoint}
-    return {label: ref for label, ref in refs.items() if ref is not None}
+    names = {s.model for s in specs.values() if s.model and not s.endpoint}
+    resolved = {name: model_ref(name, ctx) for name in names}  # once per name: resolving hashes the weights
+    return {label: resolved[s.model] for label, s in specs.items()
+            if s.model in resolved and resolved[s.model] is not None and not s.endpoint}
 
 
 def check_vllm_weights(cfg: Config, specs: dict[str, SystemSpec], policies: dict) -> None:
