@@ -256,3 +256,16 @@ def test_chat_without_a_chat_template_is_one_clear_error(smollm2):
         require_chat_template(P, plain, "sft")
     assert "\n" not in str(e.value) and "chat" in str(e.value)
     require_chat_template(Protocol(chat=False), plain, "sft")  # chat off: no template needed
+
+
+def test_qa_reader_stops_generating_at_its_answer_s_first_line(smollm2):
+    """A closed-book `qa` reader (turn prefilled with `<answer> `) stops at the newline that ends
+    the answer's first line, even where BPE merges it with the period; what follows is never generated."""
+    model, tok = smollm2
+    qa = Protocol(template="qa", chat=True)
+    line, rest = enc(tok, " Paris.\n"), enc(tok, "\nThe capital of France is Paris, a city of")
+    assert "\n" in tok.convert_ids_to_tokens(line[-1]).replace("Ċ", "\n")  # the newline rides on a merged token
+    gen = Recording(HFGenerator(model, tok, batch_size=4, logits_processors=[Forced(tok, lambda ctx: line + rest)]))
+    (t,) = run_rollouts(QUESTIONS[:1], gen, None, qa, EnvConfig(mode="direct", max_new_tokens=40), tok)
+    assert gen.returned[id(t)] == [line]  # nothing generated past the line
+    assert t.answer == "Paris." and t.finish_reason == "answer"

@@ -47,6 +47,9 @@ INFO_OPEN, INFO_CLOSE = "<information>", "</information>"
 ANSWER_OPEN, ANSWER_CLOSE = "<answer>", "</answer>"
 TAGS = (THINK_OPEN, THINK_CLOSE, SEARCH_OPEN, SEARCH_CLOSE, INFO_OPEN, INFO_CLOSE, ANSWER_OPEN, ANSWER_CLOSE)
 STOP_STRINGS = (SEARCH_CLOSE, ANSWER_CLOSE)
+# A `qa` reader's answer counts up to its first line (see `_open_answer`): generating past that
+# newline is wasted (an instruct model explains itself until the token limit).
+QA_STOP_STRINGS = (ANSWER_CLOSE, "\n")
 
 # Search-R1's instruction (reworded), for instruct or base models that have not seen the protocol.
 SEARCH_R1_INSTRUCTION = (
@@ -186,8 +189,13 @@ class Protocol:
                                              add_generation_prompt=True)
 
     def stop_strings(self) -> tuple[str, ...]:
+        """Where the local loop stops a model turn. A `qa` reader (its turn starts inside the
+        prefilled `<answer> `) stops at its first newline, so a line break before any answer
+        text leaves the answer empty (an invalid step)."""
         if self.ircot:
             return IRCOT_STOP_STRINGS
+        if self.docs_in_prompt:
+            return QA_STOP_STRINGS
         return R3_STOP_STRINGS if self.r3 else STOP_STRINGS
 
     def api_stop_strings(self) -> tuple[str, ...]:
