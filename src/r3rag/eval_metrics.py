@@ -3,9 +3,10 @@
 A prediction row holds the answer, EM/F1/cover, finish reason, searches, model tokens,
 gold-document recall (by doc id on the synthetic world, by supporting title on real data),
 the question's hop count, type and source dataset (`metadata.dataset`), and the whole
-trajectory (for the viewer). A summary averages over samples per question first, so bootstrap
-intervals resample questions; `by_dataset` gives EM/F1/cover with their intervals per dataset
-(a mixed question file, e.g. HotpotQA + 2Wiki + MuSiQue, scored in one eval).
+trajectory (for the viewer). A summary averages over samples per question first, so intervals
+are over questions (exact Clopper-Pearson for 0/1 scores, bootstrap otherwise); `by_dataset`
+gives EM/F1/cover with their intervals per dataset (a mixed question file, e.g. HotpotQA +
+2Wiki + MuSiQue, scored in one eval).
 
 Usage:
     rows = [to_prediction("sft", traj, question, sample=0) for ...]
@@ -20,7 +21,7 @@ from pathlib import Path
 from rich.table import Table
 
 from r3rag.artifacts import ArtifactRef, load_manifest
-from r3rag.metrics import bootstrap_ci, cover_match, exact_match, f1_score
+from r3rag.metrics import cover_match, exact_match, f1_score, mean_ci
 from r3rag.stages.common import FILE
 
 
@@ -92,7 +93,7 @@ def _breakdown(rows: list[dict], key: str) -> dict:
 
 
 def _by_dataset(rows: list[dict]) -> dict:
-    """EM/F1/cover per source dataset, each with a 95% bootstrap interval over its questions."""
+    """EM/F1/cover per source dataset, each with a 95% interval over its questions."""
     groups: dict[str, list[dict]] = defaultdict(list)
     for r in rows:
         if r.get("dataset") is not None:
@@ -107,12 +108,12 @@ def _by_dataset(rows: list[dict]) -> dict:
 
 
 def _scores(per_question: list[list[dict]]) -> dict:
-    """EM, F1 and cover, each averaged over a question's samples first (so the bootstrap
-    resamples questions), with their 95% intervals."""
+    """EM, F1 and cover, each averaged over a question's samples first (so an interval is over
+    questions), with their 95% intervals: exact binomial for 0/1 scores, else bootstrap (mean_ci)."""
     out: dict = {}
     for key in ("em", "f1", "cover"):
         values = [sum(float(r[key]) for r in rows) / len(rows) for rows in per_question]
-        out[key], out[f"{key}_ci"] = _mean(values), bootstrap_ci(values)
+        out[key], out[f"{key}_ci"] = _mean(values), mean_ci(values)
     return out
 
 

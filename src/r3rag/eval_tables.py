@@ -1,10 +1,11 @@
 """The tables an eval writes beside metrics.json: scores per data set, and paired comparisons.
 
 `dataset_table` is one markdown table, a row per system and data set (and "all"): EM, F1 and
-cover with their 95% bootstrap intervals over questions. `paired_comparisons` compares every
-system with each reference system (e.g. the SFT and SFT + GRPO policies) over the same
-questions: the mean EM difference and its paired-bootstrap 95% interval; a difference whose
-interval holds 0 is inside the noise, and the table says so.
+cover with their 95% intervals over questions (r3rag.metrics.mean_ci: exact Clopper-Pearson for
+0/1 scores, bootstrap otherwise). `paired_comparisons` compares every system with each
+reference system (e.g. the SFT and SFT + GRPO policies) over the same questions: the mean EM
+difference and its paired-bootstrap 95% interval; a difference whose interval holds 0 is inside
+the noise, and the table says so.
 
 Usage:
     md = dataset_table(metrics["systems"])
@@ -34,7 +35,7 @@ def dataset_table(systems: dict[str, dict]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _em_by_question(rows: list[dict]) -> dict[str, dict[str, float]]:
+def em_by_question(rows: list[dict]) -> dict[str, dict[str, float]]:
     """system -> question id -> EM averaged over samples."""
     acc: dict[str, dict[str, list[float]]] = defaultdict(lambda: defaultdict(list))
     for r in rows:
@@ -44,7 +45,7 @@ def _em_by_question(rows: list[dict]) -> dict[str, dict[str, float]]:
 
 def paired_comparisons(rows: list[dict], references: list[str]) -> list[dict]:
     """Each system against each reference, EM over the questions both answered."""
-    em = _em_by_question(rows)
+    em = em_by_question(rows)
     out = []
     for ref in [r for r in references if r in em]:
         for system in [s for s in em if s != ref]:

@@ -1,7 +1,11 @@
 """An experiment's results table (see r3rag.experiment): rows from eval artifacts, as Markdown.
 
+A row's source may be a list, one `<variant>/<system>` per seed (variants that differ only in
+`rl.seed`): the row is then the mean ± sd over seeds (ddof=1) of EM, with its 95% interval over
+questions of the seed-averaged per-question EM (r3rag.metrics.over_seeds).
+
 Usage:
-    rows = build_rows({"SFT": "main/sft"}, {"main": {"sft": ref, "eval": ref}}, path)
+    rows = build_rows({"SFT": "main/sft", "GRPO": ["main/rl", "s2/rl"]}, {"main": {...}, "s2": {...}}, path)
     print(markdown(rows, {"date": "...", "machine": "...", "wall_seconds": 1.0, "compute_seconds": 2.0}))
     plot(rows, Path("table.png"))  # EM per row with its 95% interval
 """
@@ -13,24 +17,56 @@ from pathlib import Path
 
 from r3rag.artifacts import load_manifest
 from r3rag.errors import UserError
+from r3rag.eval_tables import em_by_question
+from r3rag.jsonl import read_jsonl
+from r3rag.metrics import over_seeds
 
 TRAINED = ("base", "sft", "rl")  # stages whose wall time is a policy's training time
 
 
-def build_rows(spec: dict[str, str], built: dict[str, dict], path: Path) -> list[dict]:
-    """One row per table entry: `<variant>/<system>` looked up in that variant's eval metrics."""
+def build_rows(spec: dict[str, str | list[str]], built: dict[str, dict], path: Path) -> list[dict]:
+    """One row per table entry: `<variant>/<system>` looked up in that variant's eval metrics, or
+    a list of them (one per seed) summarised over seeds."""
     rows, cache = [], {}
     for label, source in spec.items():
-        variant, _, system = str(source).partition("/")
-        refs = built[variant]
-        if variant not in cache:
-            cache[variant] = json.loads((refs["eval"].path / "metrics.json").read_text())["systems"]
-        systems = cache[variant]
-        if system not in systems:
-            raise UserError(f"{path}: table.{label}: variant {variant!r} evaluated no system {system!r} "
-                            f"(it has: {', '.join(systems)})")
-        rows.append(_row(str(label), str(source), systems[system], _train_seconds(system, refs)))
+        sources = [str(s) for s in source] if isinstance(source, list) else [str(source)]
+        found = [_lookup(str(label), s, built, cache, path) for s in sources]
+        if len(found) == 1:
+            m, refs, system, _ = found[0]
+            rows.append(_row(str(label), sources[0], m, _train_seconds(system, refs)))
+        else:
+            rows.append(_seed_row(str(label), sources, found))
     return rows
+
+
+def _lookup(label: str, source: str, built: dict[str, dict], cache: dict, path: Path) -> tuple:
+    """(metrics, artifact refs, system, eval dir) of one `<variant>/<system>`."""
+    variant, _, system = source.partition("/")
+    refs = built[variant]
+    if variant not in cache:
+        cache[variant] = json.loads((refs["eval"].path / "metrics.json").read_text())["systems"]
+    systems = cache[variant]
+    if system not in systems:
+        raise UserError(f"{path}: table.{label}: variant {variant!r} evaluated no system {system!r} "
+                        f"(it has: {', '.join(systems)})")
+    return systems[system], refs, system, refs["eval"].path
+
+
+def _seed_row(label: str, sources: list[str], found: list[tuple]) -> dict:
+    """A row over seeds: EM mean ± sd over seeds and its interval over questions (from each
+    seed's per-question EM in predictions.jsonl); the other columns averaged over seeds."""
+    per_q = [em_by_question(read_jsonl(d / "predictions.jsonl"))[system] for _, _, system, d in found]
+    em = over_seeds(per_q)
+    ms = [m for m, *_ in found]
+    mean = lambda xs: None if any(x is None for x in xs) else round(sum(xs) / len(xs), 4)  # noqa: E731
+    hops = sorted({str(h) for m in ms for h in m.get("by_hops", {})})
+    return {"label": label, "source": sources, "em": em["mean"], "em_sd": em["sd"], "n_seeds": em["n_seeds"],
+            "em_per_seed": em["per_seed"], "em_ci": list(em["ci"]), "f1": mean([m["f1"] for m in ms]),
+            "n": em["n"], "searches": mean([m.get("searches") for m in ms]),
+            "by_hops": {h: v for h in hops
+                        if (v := mean([m.get("by_hops", {}).get(h, {}).get("em") for m in ms])) is not None},
+            "train_seconds": mean([_train_seconds(system, refs) for _, refs, system, _ in found]),
+            "eval_seconds": mean([m.get("seconds") for m in ms])}
 
 
 def _train_seconds(system: str, refs: dict) -> float:
@@ -63,19 +99,29 @@ def _row(label: str, source: str, m: dict, train_seconds: float) -> dict:
             "train_seconds": train_seconds, "eval_seconds": m.get("seconds")}
 
 
+def _em_cell(r: dict) -> str:
+    sd = f" ± {r['em_sd']:.3f}" if r.get("em_sd") is not None else ""
+    ci = f" [{r['em_ci'][0]:.3f}, {r['em_ci'][1]:.3f}]" if r["em_ci"] else ""
+    return f"{r['em']:.3f}{sd}{ci}"
+
+
 def markdown(rows: list[dict], about: dict) -> str:
     hops = sorted({h for r in rows for h in r["by_hops"]}, key=int)
-    head = ["", "EM [95% CI]", "F1", *(f"{h}-hop EM" for h in hops), "searches", "train min"]
+    seeded = any(r.get("n_seeds", 1) > 1 for r in rows)  # the seeds column only when a row has seeds
+    head = ["", "EM [95% CI]", "F1", *(f"{h}-hop EM" for h in hops), "searches", "train min", *(["seeds"] * seeded)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        ci = f" [{r['em_ci'][0]:.3f}, {r['em_ci'][1]:.3f}]" if r["em_ci"] else ""
-        cells = [r["label"], f"{r['em']:.3f}{ci}", f"{r['f1']:.3f}",
+        cells = [r["label"], _em_cell(r), f"{r['f1']:.3f}",
                  *(f"{r['by_hops'][h]:.3f}" if h in r["by_hops"] else "-" for h in hops),
-                 "-" if r["searches"] is None else f"{r['searches']:.2f}", f"{r['train_seconds'] / 60:.1f}"]
+                 "-" if r["searches"] is None else f"{r['searches']:.2f}", f"{r['train_seconds'] / 60:.1f}",
+                 *([str(r.get("n_seeds", 1))] * seeded)]
         lines.append("| " + " | ".join(cells) + " |")
     n = sorted({r["n"] for r in rows})
-    lines += ["", f"{'/'.join(map(str, n))} held-out questions per row; 95% bootstrap intervals. "
-              f"{about['date']}, {about['machine']}. Wall time {about['wall_seconds'] / 60:.1f} min "
+    seeds = (" A row with several seeds: EM is the mean ± sd over seeds (ddof=1), its interval is over "
+             "questions of the seed-averaged EM; the other columns are means over seeds.") if seeded else ""
+    lines += ["", f"{'/'.join(map(str, n))} held-out questions per row; 95% intervals over questions "
+              "(exact Clopper-Pearson where every question's EM is 0 or 1, else percentile bootstrap)."
+              f"{seeds} {about['date']}, {about['machine']}. Wall time {about['wall_seconds'] / 60:.1f} min "
               f"(artifacts' build time {about['compute_seconds'] / 60:.1f} min; reused artifacts count "
               "the time they took when first built)."]
     return "\n".join(lines) + "\n"
@@ -98,7 +144,7 @@ def plot(rows: list[dict], path: Path) -> None:
         ax.text(min(hi, 0.93) + 0.015, y, f"{em:.3f}", va="center", fontsize=7)
     ax.set_yticks(list(ys), [r["label"] for r in rows], fontsize=8)
     ax.set_xlim(0, 1)
-    ax.set_xlabel("held-out EM (95% bootstrap interval)")
+    ax.set_xlabel("held-out EM (95% interval over questions)")
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

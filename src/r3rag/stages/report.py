@@ -1,6 +1,6 @@
 """`r3rag report`: one table over several eval artifacts, plus a bar chart and a trajectory viewer.
 
-Writes `report.md`, `report.csv`, `em_f1.png` (EM/F1 per system and dataset, 95% bootstrap
+Writes `report.md`, `report.csv`, `em_f1.png` (EM/F1 per system and dataset, 95%
 intervals as whiskers) and `viewer.html` (one self-contained file: per question the steps,
 queries, retrieved documents with the gold ones highlighted, the answer and whether it is
 right; a checkbox filters to failures), and prints the table.
