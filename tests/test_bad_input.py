@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import json
 import shutil
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
 
 import pytest
 
@@ -131,8 +133,9 @@ FILE_CASES = [pytest.param(cmd, name, content, needles, id=f"{cmd}-{name}")
 
 
 def _snapshot(runs: Path) -> set[str]:
-    """Everything in the runs dir: artifacts and any (hidden) temp directories."""
-    return {p.relative_to(runs).as_posix() for p in runs.glob("*/*")}
+    """Everything in the runs dir: stage folders (even empty ones), artifacts and any (hidden) temp
+    directories."""
+    return {p.relative_to(runs).as_posix() for p in [*runs.glob("*"), *runs.glob("*/*")]}
 
 
 def check(e: Env, args, *needles, keeps_work_dir: bool = False):
@@ -231,8 +234,8 @@ def test_broken_file_inside_an_artifact(env):
     ["rl", "--set", "model=/no/such/model", "--set", "policy="],
 ], ids=["sft", "eval", "rl"])
 def test_model_path_that_does_not_exist(env, args):
-    check(env, [args[0], "--runs-dir", env.runs, *args[1:]], "/no/such/model", "does not exist",
-          keeps_work_dir=args[0] == "rl")
+    """Also no empty runs/eval or runs/rl/.work-<id> left behind (issue 19)."""
+    check(env, [args[0], "--runs-dir", env.runs, *args[1:]], "/no/such/model", "does not exist")
 
 
 def test_model_dir_that_is_not_a_model(env):
@@ -298,3 +301,164 @@ def test_debug_shows_the_traceback(env):
     missing = env.root / "nope.jsonl"
     out = r3rag_inprocess(*_index(env, missing), "--debug")
     assert out.returncode != 0 and "Traceback" in out.stderr and "UserError" in out.stderr
+
+
+# ------------------------------------------------------------------ issue 19
+
+REPO = Path(__file__).resolve().parents[1]
+
+
+@pytest.mark.parametrize("args, needles", [
+    (["synthesize", "--set", "template=serch-r1"], ["synthesize.template", "'serch-r1'", "search-r1, minimal, qa"]),
+    (["synthesize", "--set", "doc_style=html"], ["synthesize.doc_style", "'html'", "search-r1, plain"]),
+    (["synthesize", "--set", "protocol=r4"], ["synthesize.protocol", "'r4'", "search-r1, r3rag, ircot"]),
+    (["rl", "--set", "template=serch-r1", "--set", "model=tiny", "--set", "policy="], ["rl.template", "'serch-r1'"]),
+    # Literal-typed fields, checked by the config itself: a stage's and a nested spec's
+    (["index", "--set", "backend=dense", "--set", "pooling=max"], ["index.pooling", "'max'", "mean, cls"]),
+    (["eval", "--set", "systems=[m]", "--set", "models.m.scripted=top-title", "--set", "models.m.template=serch",
+      "--set", "sft=", "--set", "rl="], ["eval.models.m.template", "'serch'", "search-r1, minimal, qa"]),
+], ids=["synthesize-template", "synthesize-doc_style", "synthesize-protocol", "rl-template", "index-pooling",
+        "eval-spec-template"])
+def test_setting_outside_its_choices(env, args, needles):
+    """A misspelled choice used to be accepted: `synthesize --set template=serch-r1` committed an artifact."""
+    check(env, [args[0], "--runs-dir", env.runs, *args[1:]], *needles, "allowed:")
+
+
+def test_setting_outside_its_choices_dry_run(env):
+    out = r3rag_inprocess("run", REPO / "pipelines/demo.yaml", "--set", "synthesize.template=serch-r1", "--dry-run",
+                          "--runs-dir", env.runs)
+    assert_one_line_error(out, "demo.yaml", "synthesize.template", "'serch-r1'", "allowed: search-r1, minimal, qa")
+
+
+def test_protocol_checks_every_choice():
+    import dataclasses
+    import typing
+
+    from r3rag.errors import UserError
+    from r3rag.protocol import CHOICES, Protocol
+
+    hints = typing.get_type_hints(Protocol)
+    literals = {f.name: typing.get_args(hints[f.name]) for f in dataclasses.fields(Protocol)
+                if typing.get_origin(hints[f.name]) is typing.Literal}
+    assert CHOICES == literals  # every Literal field is validated, against its own values
+    for key in CHOICES:
+        with pytest.raises(UserError, match=rf"^protocol\.{key}: unknown .*'nope' \(allowed: "):
+            Protocol(**{key: "nope"})
+
+
+@dataclass
+class _Numbered:
+    n: Literal[1, 2] = 1
+
+
+def test_literal_choice_needs_its_type():
+    """YAML's `true` is not the choice 1 (True == 1 in Python)."""
+    from r3rag.config import build_config
+    from r3rag.errors import UserError
+
+    assert build_config(_Numbered, {"n": 2}).n == 2
+    with pytest.raises(UserError, match=r"config\.n: unknown value True \(allowed: 1, 2\)"):
+        build_config(_Numbered, {"n": True})
+
+
+def _copy_with_same_suffix(e: Env) -> tuple[Path, Path]:
+    """A second world artifact whose id ends like the first's (a copy under another name)."""
+    world = e.art("world")
+    other = world.parent / f"copy-{world.name}"
+    shutil.copytree(world, other)
+    return world, other
+
+
+def test_artifact_suffix_that_matches_several(env):
+    world, other = _copy_with_same_suffix(env)
+    suffix = world.name.rsplit("-", 1)[1]
+    check(env, ["index", "--runs-dir", env.runs, "--set", f"world=world:{suffix}"],
+          f"world:{suffix}", "2 world artifacts", world.name, other.name, "give more of the id")
+
+
+def test_artifact_id_that_is_exact_wins_over_suffixes(env):
+    from r3rag.artifacts import resolve
+
+    world, other = _copy_with_same_suffix(env)
+    assert resolve(f"world:{world.name}", "world", env.runs).path == world
+    assert resolve(f"world:{other.name}", "world", env.runs).path == other
+
+
+def _corpus_broken_at_line_100(folder: Path) -> Path:
+    folder.mkdir()
+    f = folder / "corpus.jsonl"
+    f.write_text(_jsonl(*({**DOC, "id": f"d{i}"} for i in range(99))) + '{"id": \n')
+    return f
+
+
+def test_error_text_is_printed_literally(env):
+    """rich printed `:100:` as an emoji and read `[bold]` as markup."""
+    f = _corpus_broken_at_line_100(env.root / "[red]dir[bold]")
+    out = r3rag_inprocess(*_index(env, f))
+    assert_one_line_error(out, f"{f}:100:", "malformed JSON")
+    assert "\N{HUNDRED POINTS SYMBOL}" not in out.stderr
+
+
+def test_progress_messages_are_printed_literally(env, monkeypatch):
+    """The user's paths as they are: in a stage's message, a --dry-run plan, `r3rag runs` and the
+    eval-retrieval table."""
+    monkeypatch.setenv("COLUMNS", "400")  # tables on one line per row
+    runs = env.root / "runs[red]:100:"
+    out = r3rag_inprocess("world", "--runs-dir", runs, *(f"--set={k}={v}" for k, v in TINY_WORLD.items()))
+    assert out.returncode == 0, out.stderr
+    assert f"wrote {runs}/world/" in out.stderr
+    out = r3rag_inprocess("runs", "--runs-dir", runs)
+    assert out.returncode == 0 and f"artifacts in {runs}" in out.stdout, out.stderr
+    p = env.file("p.yaml", "name: x\nsynthesize:\n  questions: q[red]:100:.jsonl\n")
+    out = r3rag_inprocess("run", p, "--dry-run", "--runs-dir", runs)
+    assert out.returncode == 0, out.stderr
+    assert "questions: q[red]:100:.jsonl (missing" in out.stdout
+    q = env.file("q[red]:100:.jsonl", _jsonl(QUESTION))
+    out = r3rag_inprocess("eval-retrieval", q, "--runs-dir", env.runs)
+    assert out.returncode == 0 and f"on {q.name} (n=1" in " ".join(out.stderr.split()), out.stderr  # a title wraps
+
+
+def test_failed_command_creates_no_runs_dir(env):
+    """A missing model used to leave empty runs/ and runs/eval/ behind."""
+    runs = env.root / "fresh-runs"
+    q = env.file("q.jsonl", _jsonl(QUESTION))
+    out = r3rag_inprocess("eval", "--runs-dir", runs, "--set", f"questions={q}", "--set", "world=", "--set", "sft=",
+                          "--set", "rl=", "--set", "systems=[m]", "--set", "models.m.model=/no/such/model",
+                          "--set", "models.m.mode=direct")
+    assert_one_line_error(out, "/no/such/model", "does not exist")
+    assert not runs.exists()
+
+
+def test_failed_command_leaves_no_empty_work_files(env):
+    """rl made runs/rl/.work-<id> and synthesize an empty journal before loading the model."""
+    check(env, ["synthesize", "--runs-dir", env.runs, "--set", "teacher=hf", "--set", "model=/no/such/model"],
+          "/no/such/model")
+    assert not list((env.runs / "synthesize").glob(".journal-*"))
+    check(env, ["rl", "--runs-dir", env.runs, "--set", "model=/no/such/model", "--set", "policy="], "/no/such/model")
+    assert not (env.runs / "rl").exists()
+
+
+def test_what_a_rerun_resumes_from_is_kept(env):
+    """Only empty leftovers go: a journal with lines (an interrupted run's work) stays."""
+    from r3rag.artifacts import ArtifactWriter
+
+    w = ArtifactWriter("synthesize", "x", {"a": 1}, {}, env.runs)
+    journal = w.final.parent / f".journal-{w.id}.jsonl"
+    journal.write_text('{"id": "1"}\n')
+    w.discard()
+    assert journal.exists()
+
+
+@pytest.mark.parametrize("content, key, line", [
+    ("name: x\nworld: {}\ncolour: red\n", "'colour'", 3),
+    ("name: x\n\n# a comment\n1: a\ncolour: red\n", "1", 4),  # mixed key types: sorted, not a TypeError
+], ids=["word", "number"])
+def test_unknown_top_level_key_names_its_line(env, content, key, line):
+    p = env.file("pipe.yaml", content)
+    check(env, ["run", p, "--runs-dir", env.runs], f"pipe.yaml:{line}: unknown top-level key {key}")
+
+
+def test_unknown_top_level_key_in_an_extended_file(env):
+    env.file("base.yaml", "name: x\nworld: {}\nstges: [world]\n")
+    p = env.file("pipe.yaml", "extends: base.yaml\nworld: {seed: 3}\n")
+    check(env, ["run", p, "--runs-dir", env.runs], "base.yaml:3: unknown top-level key 'stges'")

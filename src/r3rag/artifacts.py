@@ -139,10 +139,7 @@ def resolve(ref: str, stage: str, runs_dir: Path | None = None, verify: bool = T
                 raise UserError(f"input {ref!r}: no complete {stage} artifact in {runs_dir}/{stage} (run `r3rag {stage}` first)")
             art = found[-1]
         else:
-            matches = [a for a in found if a.id == which or a.id.endswith(which)]
-            if not matches:
-                raise UserError(f"input {ref!r}: no {stage} artifact with id {which!r} in {runs_dir}/{stage}")
-            art = matches[-1]
+            art = _by_id(ref, stage, which, found, runs_dir)
     else:
         path = Path(ref)
         if not path.is_dir():
@@ -158,6 +155,20 @@ def resolve(ref: str, stage: str, runs_dir: Path | None = None, verify: bool = T
         if actual != art.content_hash:
             raise UserError(f"input {art.path}: content hash does not match its manifest (files changed after it was written)")
     return art
+
+
+def _by_id(ref: str, stage: str, which: str, found: list[ArtifactRef], runs_dir: Path) -> ArtifactRef:
+    """The artifact whose id is `which` or ends with it; a suffix that fits several is an error
+    (picking one would silently train or evaluate on the wrong artifact)."""
+    matches = [a for a in found if a.id == which] or [a for a in found if which and a.id.endswith(which)]
+    if not matches:
+        raise UserError(f"input {ref!r}: no {stage} artifact with id {which!r} in {runs_dir}/{stage}")
+    if len(matches) > 1:
+        ids = [a.id for a in matches]
+        shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")  # one readable line
+        raise UserError(f"input {ref!r}: {len(ids)} {stage} artifacts in {runs_dir}/{stage} match ({shown}); "
+                        "give more of the id")
+    return matches[0]
 
 
 class ArtifactWriter:
@@ -176,6 +187,9 @@ class ArtifactWriter:
         self.ref: ArtifactRef | None = None
         m = load_manifest(self.final) if self.final.is_dir() else None
         self.existing = ArtifactRef(stage, self.id, self.final, m) if m else None
+        # What was there before this command, so `discard` removes only what it created.
+        self._made_dirs = [d for d in (self.final.parent, self.runs_dir) if not d.is_dir()]
+        self._old_work = set(self._work_entries())
 
     def __enter__(self):
         self._remove_stale_temp_dirs()
@@ -196,6 +210,27 @@ class ArtifactWriter:
         if isinstance(exc, OSError) and exc.errno in WRITE_ERRNOS:
             raise self._write_error(exc) from None
         return False
+
+    def discard(self) -> None:
+        """After a failed command: remove the empty work files this command left for the artifact
+        (a work dir without checkpoints, a journal without lines) and the stage and runs folders
+        it created, if empty. What a rerun resumes from is kept."""
+        for p in set(self._work_entries()) - self._old_work:
+            if p.is_dir() and not any(q.is_file() for q in p.rglob("*")):
+                shutil.rmtree(p, ignore_errors=True)
+            elif p.is_file() and p.stat().st_size == 0:
+                p.unlink(missing_ok=True)
+        for d in self._made_dirs:
+            try:
+                d.rmdir()
+            except OSError:  # not empty (something was published there), or already gone
+                pass
+
+    def _work_entries(self) -> list[Path]:
+        """Hidden entries a stage keeps beside the artifact (`.work-<id>`, `.journal-<id>.jsonl`).
+        Temp dirs are left out: `__exit__` removes this process's, and others' are not ours."""
+        parent = self.final.parent
+        return [p for p in parent.glob(f".*-{self.id}*") if not p.name.startswith(".tmp-")] if parent.is_dir() else []
 
     def _write_error(self, e: OSError) -> UserError:
         return UserError(f"{self.stage}: cannot write {e.filename or self.dir}: {e.strerror or e} "

@@ -36,9 +36,6 @@ ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue from the run
 
 def _guard(fn, debug: bool):
     """Run a command; user errors (and a full or read-only disk) become one line on stderr and exit code 2."""
-    from rich.console import Console
-    from rich.markup import escape
-
     from r3rag.artifacts import WRITE_ERRNOS
 
     try:
@@ -47,11 +44,20 @@ def _guard(fn, debug: bool):
         if debug or (isinstance(e, OSError) and e.errno not in WRITE_ERRNOS | {errno.EACCES}):
             raise
         msg = str(e) if isinstance(e, UserError) else f"{e.filename or 'write'}: {e.strerror or e}"
-        Console(stderr=True).print(f"[bold red]error:[/bold red] {escape(msg)}", highlight=False, soft_wrap=True)
+        _stderr_line(("error:", "bold red"), " " + msg)
         raise typer.Exit(2) from None
     except KeyboardInterrupt:
-        Console(stderr=True).print("[yellow]interrupted[/yellow]: nothing incomplete was published")
+        _stderr_line(("interrupted", "yellow"), ": nothing incomplete was published")
         raise typer.Exit(130) from None
+
+
+def _stderr_line(*parts) -> None:
+    """One line on stderr, its text printed as it is: a message names the user's files, in which
+    rich would read `[x]` as markup and `:100:` (a line number) as an emoji."""
+    from rich.console import Console
+    from rich.text import Text
+
+    Console(stderr=True, soft_wrap=True).print(Text.assemble(*parts))
 
 
 def _stage_command(stage: str):
@@ -133,6 +139,7 @@ def eval_retrieval_cmd(
 
         from rich.console import Console
         from rich.table import Table
+        from rich.text import Text
 
         from r3rag.artifacts import default_runs_dir, resolve
         from r3rag.retrieval import load_retriever
@@ -150,7 +157,8 @@ def eval_retrieval_cmd(
         except ValueError:
             raise UserError(f"--ks {ks!r}: expected comma-separated integers") from None
         m = retrieval_metrics(load_retriever(art.path / "index"), qs, ks=k_values, hop_queries=hops)
-        table = Table(title=f"retrieval: {art.id} on {questions.name} (n={m['n']}, with gold passages: {m['n_gold']})")
+        title = f"retrieval: {art.id} on {questions.name} (n={m['n']}, with gold passages: {m['n_gold']})"
+        table = Table(title=Text(title))  # Text: the file's name printed as it is, not as markup
         table.add_column("metric")
         for k in k_values:
             table.add_column(f"@{k}", justify="right")

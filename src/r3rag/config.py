@@ -48,6 +48,22 @@ def load_yaml(path: str | Path) -> dict:
     return data
 
 
+def key_location(path: str | Path, key: Any) -> str:
+    """`path:line` of a top-level `key` of a YAML file, else `path`. Only errors call it: the
+    loaded mapping keeps no line numbers, so the file is composed again (pure-Python loader)."""
+    try:
+        loader = yaml.SafeLoader(Path(path).read_text(encoding="utf-8"))
+        try:
+            node = loader.get_single_node()
+            keys = node.value if isinstance(node, yaml.MappingNode) else []
+            line = next((k.start_mark.line + 1 for k, _ in keys if loader.construct_object(k) == key), None)
+        finally:
+            loader.dispose()
+    except (OSError, ValueError, yaml.YAMLError):
+        return str(path)
+    return f"{path}:{line}" if line else str(path)
+
+
 def parse_overrides(overrides: list[str] | None) -> dict[str, Any]:
     """Turn ["a.b=1", "c=x"] into {"a.b": 1, "c": "x"} (values parsed as YAML)."""
     out: dict[str, Any] = {}
@@ -149,10 +165,15 @@ def _coerce(tp, value: Any, where: str):
             return str(value)
         raise UserError(f"{where}: expected a string, got {value!r}")
     if typing.get_origin(tp) is typing.Literal:
-        if value in typing.get_args(tp):
-            return value
-        raise UserError(f"{where}: expected one of {list(typing.get_args(tp))}, got {value!r}")
+        return _literal(typing.get_args(tp), value, where)
     return value
+
+
+def _literal(allowed: tuple, value: Any, where: str):
+    """One of a Literal's values; the type counts too (YAML's `true` is not the choice 1)."""
+    if any(value == a and type(value) is type(a) for a in allowed):
+        return value
+    raise UserError(f"{where}: unknown value {value!r} (allowed: {', '.join(map(str, allowed))})")
 
 
 def _deep_copy(d: dict) -> dict:

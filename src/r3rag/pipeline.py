@@ -21,10 +21,10 @@ from pathlib import Path
 from rich.table import Table
 
 from r3rag.artifacts import ArtifactRef, default_runs_dir, list_artifacts
-from r3rag.config import build_config, load_yaml, parse_overrides
+from r3rag.config import build_config, key_location, load_yaml, parse_overrides
 from r3rag.errors import UserError
 from r3rag.stages import STAGE_ORDER
-from r3rag.stages.common import FILE, Context
+from r3rag.stages.common import FILE, Context, check_protocol_settings
 
 TOP_LEVEL = {"name", "extends", "stages", "variants", "table", *STAGE_ORDER}
 
@@ -35,9 +35,10 @@ def _stage_module(stage: str):
 
 def _load_pipeline(path: Path | None, _seen: tuple[Path, ...] = ()) -> dict:
     data = load_yaml(path) if path else {}
-    unknown = sorted(set(data) - TOP_LEVEL)
+    unknown = sorted(set(data) - TOP_LEVEL, key=str)  # key=str: YAML keys may be numbers too
     if unknown:
-        raise UserError(f"{path}: unknown top-level key {unknown[0]!r} (known: {', '.join(sorted(TOP_LEVEL))})")
+        raise UserError(f"{key_location(path, unknown[0])}: unknown top-level key {unknown[0]!r} "
+                        f"(known: {', '.join(sorted(TOP_LEVEL))})")
     if "extends" in data:
         data = _extend(path, data, _seen)
     return data
@@ -81,10 +82,18 @@ def run_stage(stage: str, config_path: Path | None, overrides: list[str], runs_d
             section[field] = str(bound[src].path)
     if bound and "model" in bound:  # `model: model:latest` anywhere (sft.model, eval.models.X.model...)
         section = _bind_latest(section, "model", str(bound["model"].path))
-    where = f"{config_path}: {stage}" if config_path else stage
-    cfg = build_config(module.Config, section, parse_overrides(overrides), where=where)
+    cfg = stage_config(stage, section, overrides, f"{config_path}: {stage}" if config_path else stage)
     ctx = Context(runs_dir=Path(runs_dir) if runs_dir else default_runs_dir())
-    return module.run(cfg, ctx)
+    with ctx.tidy_on_failure():
+        return module.run(cfg, ctx)
+
+
+def stage_config(stage: str, section: dict, overrides: list[str], where: str):
+    """A stage's typed config from its section and `--set` overrides, with the checks every stage
+    shares (keys, types, Literal choices, protocol settings)."""
+    cfg = build_config(_stage_module(stage).Config, section, parse_overrides(overrides), where=where)
+    check_protocol_settings(stage, cfg, where)
+    return cfg
 
 
 def _bind_latest(value, stage: str, path: str):
@@ -152,8 +161,7 @@ def plan_stages(path: Path, data: dict, stages: list[str], per_stage: dict[str, 
     plan = []
     for i, stage in enumerate(stages):
         module = _stage_module(stage)
-        cfg = build_config(module.Config, _section(data, stage, path), parse_overrides(per_stage[stage]),
-                           where=f"{path}: {stage}")
+        cfg = stage_config(stage, _section(data, stage, path), per_stage[stage], f"{path}: {stage}")
         if hasattr(module, "validate"):
             module.validate(cfg)
         defaults = dataclasses.asdict(module.Config())
@@ -179,15 +187,20 @@ def _plan_input(value: str, src: str, earlier: list[str], runs_dir: Path) -> str
 
 
 def print_plan(plan: list[dict], path: Path) -> None:
-    from rich.console import Console
-
     table = Table(title=f"plan of {path} (dry run: nothing loaded or written)")
     for col in ("stage", "inputs", "settings (not default)"):
         table.add_column(col, overflow="fold")
     for row in plan:
         table.add_row(row["stage"], "\n".join(f"{k}: {v}" for k, v in row["inputs"].items()) or "-",
                       ", ".join(f"{k}={v}" for k, v in row["settings"].items()) or "-")
-    Console().print(table)
+    _literal_console().print(table)
+
+
+def _literal_console():
+    """For tables of the user's paths and settings: rich would read `[x]` as markup, `:100:` as an emoji."""
+    from rich.console import Console
+
+    return Console(markup=False, emoji=False, highlight=False)
 
 
 def split_overrides(overrides: list[str], stages: list[str]) -> dict[str, list[str]]:
@@ -205,8 +218,6 @@ def split_overrides(overrides: list[str], stages: list[str]) -> dict[str, list[s
 
 
 def list_runs(stage: str | None, runs_dir: Path | None) -> None:
-    from rich.console import Console
-
     runs_dir = Path(runs_dir) if runs_dir else default_runs_dir()
     if stage and stage not in (*STAGE_ORDER, "table"):
         raise UserError(f"unknown stage {stage!r} (known: {', '.join(STAGE_ORDER)}, table)")
@@ -218,4 +229,4 @@ def list_runs(stage: str | None, runs_dir: Path | None) -> None:
         metrics = ", ".join(f"{k}={v}" for k, v in m.get("metrics", {}).items() if isinstance(v, (int, float)))[:80]
         when = datetime.fromtimestamp(m.get("finished_at", 0)).strftime("%Y-%m-%d %H:%M")
         table.add_row(ref.stage, ref.id, when, str(m.get("seconds", "")), metrics)
-    Console().print(table)
+    _literal_console().print(table)

@@ -134,6 +134,7 @@ class Hit:
 PROTOCOLS = ("search-r1", "r3rag", "ircot")
 TEMPLATES = ("search-r1", "minimal", "qa")  # prompts of the search-r1 protocol
 DOC_STYLES = ("search-r1", "plain")
+CHOICES = {"name": PROTOCOLS, "template": TEMPLATES, "doc_style": DOC_STYLES}  # Protocol's Literal fields
 
 
 @dataclass
@@ -145,10 +146,14 @@ class Protocol:
     chat: bool = False  # wrap the prompt as a user message in the tokenizer's chat template (instruct models)
 
     def __post_init__(self):
-        if self.name not in PROTOCOLS:
-            from r3rag.errors import UserError
+        # Literal is only a hint: a misspelled template would silently prompt like search-r1.
+        for key, allowed in CHOICES.items():
+            value = getattr(self, key)
+            if value not in allowed:
+                from r3rag.errors import UserError
 
-            raise UserError(f"protocol: unknown protocol {self.name!r} (available: {', '.join(PROTOCOLS)})")
+                what = "protocol" if key == "name" else key
+                raise UserError(f"protocol.{key}: unknown {what} {value!r} (allowed: {', '.join(allowed)})")
 
     @property
     def r3(self) -> bool:

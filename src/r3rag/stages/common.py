@@ -14,24 +14,44 @@ from __future__ import annotations
 
 import dataclasses
 import os
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.text import Text
 
 from r3rag.artifacts import ArtifactRef, ArtifactWriter, default_runs_dir, file_sha256, load_manifest, resolve
 from r3rag.errors import UserError
 from r3rag.jsonl import iter_numbered, unique_by_id
+from r3rag.protocol import CHOICES
 
 FILE = "file"  # an input that is a plain file, recorded by its content hash, not an artifact
+# Stage settings that become Protocol fields (`protocol` is its `name`), by stage. The stage configs
+# declare them as plain strings, so the config's Literal check does not see them (and other stages'
+# fields of the same name, world's doc_style, mean something else).
+PROTOCOL_SETTINGS = {"synthesize": {"protocol": "name", "template": "template", "doc_style": "doc_style"},
+                     "rl": {"template": "template", "doc_style": "doc_style"}}
 
 
 @dataclass
 class Context:
     runs_dir: Path = field(default_factory=default_runs_dir)
     console: Console = field(default_factory=lambda: Console(stderr=True))
+    writers: list[ArtifactWriter] = field(default_factory=list)  # this command's, for `tidy_on_failure`
+
+    @contextmanager
+    def tidy_on_failure(self):
+        """A command that fails (bad input, missing model, Ctrl-C) leaves no empty folders or work
+        files in the runs dir; an interrupted run's checkpoints and journal lines stay for --resume."""
+        try:
+            yield self
+        except BaseException:
+            for w in reversed(self.writers):
+                w.discard()
+            raise
 
     def writer(self, stage: str, cfg, inputs: dict[str, ArtifactRef], input_fields: dict[str, str]) -> ArtifactWriter:
         config = dataclasses.asdict(cfg)
@@ -41,19 +61,31 @@ class Context:
         hashed = {k: v for k, v in config.items() if k not in skip}
         w = ArtifactWriter(stage, cfg.name, hashed, inputs, self.runs_dir, seed=getattr(cfg, "seed", None))
         w.config = config
+        self.writers.append(w)
         return w
 
+    # Text, not markup: the runs dir is the user's path, and rich would read `[x]` in it as a tag
+    # and `:100:` as an emoji.
     def skipped(self, w: ArtifactWriter) -> ArtifactRef:
-        self.console.print(f"[dim]{w.stage}: up to date, reusing {w.final}[/dim]")
+        self.console.print(Text(f"{w.stage}: up to date, reusing {w.final}", style="dim"))
         return w.existing
 
     def done(self, w: ArtifactWriter) -> ArtifactRef:
-        self.console.print(f"[green]{w.stage}[/green]: wrote {w.final} ({w.ref.manifest['seconds']:.1f}s)")
+        self.console.print(Text.assemble((w.stage, "green"), f": wrote {w.final} ({w.ref.manifest['seconds']:.1f}s)"))
         return w.ref
 
     def progress(self) -> Progress:
         return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=self.console, transient=True)
+
+
+def check_protocol_settings(stage: str, cfg, where: str) -> None:
+    """A misspelled protocol, template or doc_style is one line naming the allowed values, before
+    any work (else a template that is no template silently prompts like search-r1)."""
+    for key, protocol_field in PROTOCOL_SETTINGS.get(stage, {}).items():
+        value, allowed = getattr(cfg, key), CHOICES[protocol_field]
+        if value not in allowed:
+            raise UserError(f"{where}.{key}: unknown value {value!r} (allowed: {', '.join(allowed)})")
 
 
 def resolve_inputs(cfg, input_fields: dict[str, str], ctx: Context) -> dict[str, ArtifactRef]:
