@@ -35,6 +35,7 @@ class Turn:
     role: Literal["model", "env"]
     text: str
     ids: list[int] | None = None
+    logprobs: list[float] | None = None  # per id, its log-probability when sampled (RL rollouts); None otherwise
 
 
 @dataclass
@@ -83,6 +84,7 @@ class Trajectory:
         d = asdict(self)
         for t in d["turns"]:
             t.pop("ids")
+            t.pop("logprobs")
         d.pop("prompt_ids")
         return d
 
@@ -112,6 +114,7 @@ class Generated:
     ids: list[int] | None = None
     finish: Literal["stop", "eos", "length", "error"] = "stop"
     error: str | None = None  # why, when finish == "error" (e.g. an API request that failed for good)
+    logprobs: list[float] | None = None  # per id, under the distribution it was sampled from (see HFGenerator)
 
 
 class Generator(TypingProtocol):
@@ -186,8 +189,8 @@ def _trimmed(out: Generated, protocol: Protocol, tokenizer, prefill: str) -> Gen
     """`out` cut to the turn the protocol keeps (an IRCoT sentence, a qa answer line), ids included."""
     if protocol.ircot and out.finish == "eos":  # IRCoT: each sentence is its own completion; EOS ends it, not the loop
         eos = getattr(tokenizer, "eos_token_id", None)
-        ids = out.ids[:-1] if out.ids and out.ids[-1] == eos else out.ids  # the loop goes on: no EOS mid-context
-        out = Generated(out.text, ids, "stop", out.error)
+        n = len(out.ids) - 1 if out.ids and out.ids[-1] == eos else None  # the loop goes on: no EOS mid-context
+        out = Generated(out.text, out.ids[:n] if out.ids else out.ids, "stop", out.error, _prefix(out.logprobs, n))
     text = protocol.trim_turn(out.text, prefill)
     if text == out.text:
         return out
@@ -195,7 +198,12 @@ def _trimmed(out: Generated, protocol: Protocol, tokenizer, prefill: str) -> Gen
     if ids is not None and tokenizer is not None:  # the shortest id prefix that decodes to the kept text
         ids = next((ids[:j] for j in range(len(ids) + 1)
                     if len(tokenizer.decode(ids[:j], skip_special_tokens=True)) >= len(text)), ids)
-    return Generated(text, ids, out.finish, out.error)
+    return Generated(text, ids, out.finish, out.error, _prefix(out.logprobs, None if ids is None else len(ids)))
+
+
+def _prefix(logprobs: list[float] | None, n: int | None) -> list[float] | None:
+    """The logprobs of a turn whose ids were cut to their first `n` (None: not cut)."""
+    return logprobs if logprobs is None or n is None else logprobs[:n]
 
 
 def run_rollouts(examples: list[dict], generator: Generator, retriever: Retriever | None, protocol: Protocol,
@@ -214,7 +222,7 @@ def run_rollouts(examples: list[dict], generator: Generator, retriever: Retrieve
         searching = []
         for t, out in zip(active, outs):
             out = _trimmed(out, protocol, tokenizer, prefill)
-            t.turns.append(Turn("model", out.text, out.ids))
+            t.turns.append(Turn("model", out.text, out.ids, out.logprobs))
             t.eos_sampled = out.finish == "eos"  # that EOS alone gets gradient in RL (completion_with_eos)
             step = (Step("invalid", out.text, reason=out.error) if out.finish == "error"
                     else protocol.parse_step(prefill + out.text, ended=out.finish == "eos"))

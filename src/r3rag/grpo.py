@@ -4,7 +4,11 @@ Each process rolls out its own share of the prompts TRL hands it: the environmen
 (generate until `</search>`/`</answer>`, retrieve, append the documents...) runs, every
 reward component is scored, and TRL receives per-trajectory `completion_ids` with
 `env_mask` (0 on retrieved tokens: no loss) ending in EOS (see
-`training.completion_with_eos`). Generation and retrieval time are measured per step.
+`training.completion_with_eos`), and `logprobs`: each sampled token's log-probability under the
+distribution it was drawn from (None where unknown: documents, the appended EOS, a backend that
+does not report them), for TRL's importance-sampling correction. The policy rolls out in eval
+mode (no LoRA or other dropout), then goes back to training. Generation and retrieval time are
+measured per step.
 
 Usage:
     trainer = build_trainer(model, tokenizer, questions, retriever, protocol, scorer, cfg, work_dir, callbacks)
@@ -51,13 +55,28 @@ def rollout_batch(trajs: list[Trajectory], eos_id: int, max_completion_tokens: i
     `mask_retrieved=False` is Search-R1's ablation: retrieved tokens get loss like model tokens
     (the final EOS keeps its own rule)."""
     pairs = [completion_with_eos(t, eos_id, max_completion_tokens, eos_rule="sampled") for t in trajs]
+    logprobs = [completion_logprobs(t, eos_id, len(ids)) for t, (ids, _) in zip(trajs, pairs)]
     if not mask_retrieved:
         pairs = [(ids, [1] * (len(mask) - 1) + mask[-1:]) for ids, mask in pairs]
     return {
-        "prompt_ids": [t.prompt_ids for t in trajs], "completion_ids": [p[0] for p in pairs], "logprobs": None,
+        "prompt_ids": [t.prompt_ids for t in trajs], "completion_ids": [p[0] for p in pairs], "logprobs": logprobs,
         "env_mask": [p[1] for p in pairs], "pred_answer": [t.answer for t in trajs],
         "finish_reason": [t.finish_reason for t in trajs], "num_searches": [len(t.retrieved) for t in trajs],
     }
+
+
+def completion_logprobs(traj: Trajectory, eos_id: int, n: int) -> list[float | None]:
+    """The sampling logprob of each of the `n` ids `completion_with_eos` gives for `traj`, None
+    where there is none (environment turns, a generator that did not record them). Its ids are the
+    joined turns cut to `n - 1`, then EOS: that last one was sampled only if it is the EOS the
+    generator kept (`eos_sampled`, ids ending in it, nothing cut). TRL reads None as NaN: no
+    correction on that token (and masked tokens get no loss anyway)."""
+    joined: list[float | None] = []
+    for t in traj.turns:
+        joined.extend(t.logprobs if t.role == "model" and t.logprobs is not None else [None] * len(t.ids or []))
+    ids = [i for t in traj.turns for i in t.ids or []]
+    kept_eos = traj.eos_sampled and len(ids) == n and ids[-1] == eos_id
+    return joined[: n - 1] + [joined[-1] if kept_eos else None]
 
 
 def make_rollout_func(questions: list[dict], retriever, protocol: Protocol, tokenizer, scorer, cfg, sampler=None):
@@ -89,7 +108,9 @@ def make_rollout_func(questions: list[dict], retriever, protocol: Protocol, toke
 
 class generator:
     """Context manager giving the rollout generator: vLLM through TRL when enabled, else the
-    trainer's own model (unwrapped from DDP/DeepSpeed/FSDP) with transformers' generate."""
+    trainer's own model (unwrapped from DDP/DeepSpeed/FSDP) with transformers' generate, in
+    eval mode: dropout (LoRA's too) would make the rollout policy a random perturbation of the
+    one whose log-probabilities are trained; training mode comes back on exit."""
 
     def __init__(self, trainer, tokenizer, cfg):
         self.trainer, self.tokenizer, self.cfg = trainer, tokenizer, cfg
@@ -106,12 +127,18 @@ class generator:
 
         self._ctx = unwrap_model_for_generation(self.trainer.model_wrapped, self.trainer.accelerator)
         model = self._ctx.__enter__()
+        self._was_training = model.training
+        model.eval()
+        self._model = model
         return HFGenerator(model, self.tokenizer, batch_size=self.cfg.gen_batch_size,
                            temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                           static_cache=self.cfg.static_cache)
+                           static_cache=self.cfg.static_cache, logprobs=True)
 
     def __exit__(self, *exc):
-        return self._ctx.__exit__(*exc) if self._ctx is not None else False
+        if self._ctx is None:
+            return False
+        self._model.train(self._was_training)
+        return self._ctx.__exit__(*exc)
 
 
 def resolve_vllm(mode: str) -> str:
@@ -149,9 +176,10 @@ def per_device_batch(cfg) -> int:
 def build_trainer(model, tokenizer, questions, retriever, protocol: Protocol, scorer, cfg, work_dir, callbacks=(),
                   sampler=None):
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
     from r3rag.rewards import trl_reward_funcs
+    from r3rag.trainers import ResumableGRPOTrainer
 
     funcs, weights = trl_reward_funcs(scorer)
     cfg = replace(cfg, vllm=resolve_vllm(cfg.vllm))  # "auto" -> the backend this machine has
@@ -172,5 +200,5 @@ def build_trainer(model, tokenizer, questions, retriever, protocol: Protocol, sc
     )
     ds = Dataset.from_dict({"prompt": [protocol.context_prompt(q["question"], tokenizer) for q in questions]})
     rollout = make_rollout_func(questions, retriever, protocol, tokenizer, scorer, cfg, sampler)
-    return GRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=ds, processing_class=tokenizer,
-                       rollout_func=rollout, callbacks=list(callbacks))
+    return ResumableGRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=ds,
+                                processing_class=tokenizer, rollout_func=rollout, callbacks=list(callbacks))

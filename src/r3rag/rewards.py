@@ -13,7 +13,10 @@ Components (values in [0, 1] unless said):
 - `judge`: 1 if the answer string-matches a gold answer, else the LLM judge's verdict
   (R3-RAG's `check_correctness` order).
 - `format`: 1 if well formed: every model turn is one closed action, `<think>` balanced,
-  no `<information>` written by the model, and the last turn answers.
+  no `<information>` written by the model, and the last turn answers. A trajectory cut by a
+  length limit (`finish_reason` "length": a turn ran out of `max_new_tokens`, or the documents
+  took it past `max_completion_tokens`) is a format error in every component, as an invalid
+  one is: running out of budget must not score better than writing a malformed turn.
 - `search_r1_format`: Search-R1 v0.3's graded outcome+format reward, with s = structure
   (0.2), f = final (0.1), r = retrieval (0.0), valid = `format`, correct = EM:
   correct & valid 1; correct & invalid 1 - s; wrong (or no answer) & valid s (+ r when a
@@ -28,9 +31,9 @@ Components (values in [0, 1] unless said):
 
       s_t = 1.6 rel_t   if the trajectory answered and the answer is right
       s_t = 0.8 rel_t   if it answered wrong
-      s_t = 0.9 rel_t   if it ended without an answer (turn or token limit)
-      format error (a malformed turn k, which ends the trajectory): s_t = rel_t for the
-      searches before it, plus one more step s_k = -0.9
+      s_t = 0.9 rel_t   if it ended without an answer at the turn limit (max_turns)
+      format error (a malformed turn k, which ends the trajectory, or a length limit):
+      s_t = rel_t for the searches before it, plus one more step s_k = -0.9
       o   = 2.0 if answered and right, else 0
       R   = o + mean(s_t)          (the mean over the steps above; 0 when there are none)
 
@@ -99,7 +102,12 @@ def cover_reward(traj: Trajectory, example: dict) -> float:
     return cover_match(traj.answer, example["golden_answers"])
 
 
+FORMAT_ERRORS = ("invalid", "length")  # finish reasons scored as a malformed trajectory
+
+
 def format_reward(traj: Trajectory, protocol: Protocol) -> float:
+    if traj.finish_reason in FORMAT_ERRORS:  # by its finish reason, whatever its turns parse to
+        return 0.0
     texts = [t.text for t in traj.turns if t.role == "model"]
     return float(protocol.is_well_formed(texts))
 
@@ -120,12 +128,12 @@ def search_r1_format_reward(traj: Trajectory, example: dict, valid: bool, w: Sea
 
 def r3rag_reward(traj: Trajectory, rels: list[float], right: bool, w: R3ragWeights) -> float:
     """R = o + mean(s_t); see the module docstring."""
-    if traj.finish_reason == "invalid":
+    if traj.finish_reason in FORMAT_ERRORS:
         steps, outcome = [*rels, w.format_error], 0.0
     elif traj.finish_reason == "answer":
         steps = [(w.right if right else w.wrong) * r for r in rels]
         outcome = w.answer_right if right else 0.0
-    else:  # max_turns or length: no answer within the limits
+    else:  # max_turns (or a generator error): no answer within the turn limit
         steps, outcome = [w.no_answer * r for r in rels], 0.0
     return outcome + (sum(steps) / len(steps) if steps else 0.0)
 

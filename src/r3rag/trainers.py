@@ -5,13 +5,20 @@ entropy and token accuracy; on CPU with a small vocabulary that costs ~30% of a 
 For small vocabularies this computes the same loss (mean NLL over label != -100 tokens)
 with one plain cross-entropy, and logs token accuracy from the logits it already has.
 Large vocabularies keep TRL's chunked head, which avoids materialising the logits.
+
+`ResumableGRPOTrainer`: TRL's GRPOTrainer whose prompt order survives a resume. TRL's
+`RepeatSampler` draws each epoch's order from one generator, advanced once per epoch; a run
+resumed in epoch e builds a fresh sampler, which would deal epoch 0's order again (the Trainer
+restores the global RNG states, not a sampler's own generator). `EpochReplaySampler` draws
+epoch e's order from the seed and e alone, the same orders TRL draws in an unbroken run.
 """
 
 from __future__ import annotations
 
 import torch
 import torch.nn.functional as F
-from trl import SFTTrainer
+from torch.utils.data import Sampler
+from trl import GRPOTrainer, SFTTrainer
 
 SMALL_VOCAB = 32_768
 
@@ -34,3 +41,31 @@ class FastSFTTrainer(SFTTrainer):
             self._metrics["train" if model.training else "eval"]["mean_token_accuracy"].append(
                 (correct / valid.sum().clamp(min=1)).item())
         return (loss, outputs) if return_outputs else loss
+
+
+class EpochReplaySampler(Sampler):
+    """A TRL `RepeatSampler` whose generator is reseeded at each epoch and advanced past the
+    orders of the epochs before (one `randperm` each, as `RepeatSampler.__iter__` draws), so
+    epoch e deals the same order whether the run got there in one go or resumed into it. The
+    Trainer calls `set_epoch` (through accelerate's dataloader) before iterating each epoch."""
+
+    def __init__(self, inner):
+        self.inner, self.epoch = inner, 0
+
+    def set_epoch(self, epoch: int) -> None:
+        self.epoch = epoch
+
+    def __iter__(self):
+        if self.inner.shuffle and self.inner.seed is not None:
+            self.inner.generator.manual_seed(self.inner.seed)
+            for _ in range(self.epoch):
+                torch.randperm(self.inner.num_samples, generator=self.inner.generator)
+        return iter(self.inner)
+
+    def __len__(self) -> int:
+        return len(self.inner)
+
+
+class ResumableGRPOTrainer(GRPOTrainer):
+    def _get_train_sampler(self, dataset=None) -> Sampler:
+        return EpochReplaySampler(super()._get_train_sampler(dataset))

@@ -3,12 +3,14 @@
 Usage:
     gen = HFGenerator(model, tokenizer, batch_size=64, temperature=0.0)
     outs = gen.generate(trajectories, stop=("</search>", "</answer>"), max_new_tokens=64)
+    rl = HFGenerator(model, tokenizer, temperature=1.0, logprobs=True)   # outs[i].logprobs: one per id
 """
 
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList
+from transformers import (DynamicCache, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList,
+                          TemperatureLogitsWarper, TopPLogitsWarper)
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from r3rag.env import Generated, Trajectory
@@ -52,6 +54,34 @@ class _StopOnStrings(StoppingCriteria):
         return done
 
 
+class _SampledLogprobs(LogitsProcessor):
+    """The last processor of a sampling call: each sampled token's log-probability under the
+    distribution it was drawn from (after temperature and top-p), what TRL's importance-sampling
+    correction compares the trainer's log-probabilities with. A processor sees a step's scores
+    before its token is drawn, so each step's log-softmax is read at its token on the next call
+    (or in `finish`); one (rows, vocab) tensor is kept, not one per step as `output_scores` would."""
+
+    def __init__(self):
+        self.steps: list[torch.Tensor] = []
+        self._last: torch.Tensor | None = None
+
+    def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
+        if self._last is not None:
+            self.steps.append(self._last.gather(1, input_ids[:, -1:]).squeeze(1))
+        self._last = scores.float().log_softmax(-1)
+        return scores
+
+    def finish(self, new_ids: torch.LongTensor) -> list[list[float]]:
+        """Per row, the logprob of each of `new_ids` (rows, n): generate may have run steps past them
+        (deferred stop checks, then undone), and the last one was drawn after the last call."""
+        n = new_ids.shape[1]
+        if n > len(self.steps) and self._last is not None:
+            self.steps.append(self._last.gather(1, new_ids[:, len(self.steps): len(self.steps) + 1]).squeeze(1))
+        if not n:
+            return [[] for _ in range(new_ids.shape[0])]
+        return torch.stack(self.steps[:n], 1).tolist()
+
+
 def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:
     """(input ids, attention mask), left padded so every row continues at the same position."""
     width = max(len(s) for s in seqs)
@@ -78,12 +108,17 @@ class HFGenerator:
     tokens as the dynamic cache (tested greedy on CPU, where nothing is compiled).
 
     `logits_processors`: transformers `LogitsProcessor`s applied at every step of every call
-    (e.g. to ban tokens; benchmarks/gpu.py uses one to make a random model write turns)."""
+    (e.g. to ban tokens; benchmarks/gpu.py uses one to make a random model write turns).
+
+    `logprobs` (RL, when sampling): each `Generated` carries its ids' log-probabilities under the
+    sampling distribution, for TRL's importance-sampling correction (`grpo.rollout_batch`)."""
 
     def __init__(self, model, tokenizer, batch_size: int = 64, temperature: float = 0.0, top_p: float = 1.0,
-                 reuse_cache: bool = True, static_cache: bool = False, logits_processors: tuple = ()):
+                 reuse_cache: bool = True, static_cache: bool = False, logits_processors: tuple = (),
+                 logprobs: bool = False):
         self.model, self.tokenizer = model, tokenizer
         self.batch_size, self.temperature, self.top_p = batch_size, temperature, top_p
+        self.logprobs = logprobs
         self.static_cache = static_cache
         self.logits_processors = LogitsProcessorList(logits_processors)
         self.pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else tokenizer.eos_token_id
@@ -122,28 +157,43 @@ class HFGenerator:
         cache_args = {_CACHE_KWARG: cache}
         if self.static_cache:  # one cache size for most turns: a compiled forward is reused, not recompiled
             cache_args = {"cache_implementation": "static", "max_cache_len": -(-(width + max_new_tokens) // 256) * 256}
+        recorder = _SampledLogprobs() if sample and self.logprobs else None
         out = self.model.generate(
             input_ids=input_ids.to(device), attention_mask=attention.to(device), **cache_args,
             max_new_tokens=max_new_tokens, do_sample=sample,
-            temperature=self.temperature if sample else None, top_p=self.top_p if sample else None,
+            temperature=1.0 if sample else None, top_p=1.0 if sample else None,  # the warpers are in our list
             top_k=None, pad_token_id=self.pad_id, eos_token_id=self.tokenizer.eos_token_id,
             stopping_criteria=StoppingCriteriaList([_StopOnStrings(self.tokenizer, stop, width, n_real)]),
-            logits_processor=self.logits_processors,
+            logits_processor=self._processors(sample, recorder),
             return_dict_in_generate=True, use_cache=True,
         )
         stop_ids = single_token_ids(self.tokenizer, stop)
-        results = [self._cut(row[width:].tolist(), stop, stop_ids) for row in out.sequences[:n_real]]
+        lps = recorder.finish(out.sequences[:, width:])[:n_real] if recorder is not None else [None] * n_real
+        results = [self._cut(row[width:].tolist(), stop, stop_ids, lp)
+                   for row, lp in zip(out.sequences[:n_real], lps)]
         out_cache = getattr(out, _CACHE_KWARG, None)
         if self.store is not None and keys and isinstance(out_cache, DynamicCache):
             self.store.save(keys, seqs, attention, out_cache, [g.ids for g in results],
                             out.sequences.shape[1] - width)
         return results
 
-    def _cut(self, gen: list[int], stop: tuple[str, ...], stop_ids: list[int] | None) -> Generated:
+    def _processors(self, sample: bool, recorder: _SampledLogprobs | None) -> LogitsProcessorList:
+        """The caller's processors, then (sampling) temperature and top-p as transformers would
+        append them, then the recorder: it must see the final distribution, and generate puts
+        the warpers it builds itself after every processor it is given."""
+        if not sample:
+            return self.logits_processors
+        warpers = [TemperatureLogitsWarper(self.temperature)] if self.temperature != 1.0 else []
+        warpers += [TopPLogitsWarper(self.top_p)] if self.top_p < 1.0 else []
+        return LogitsProcessorList([*self.logits_processors, *warpers, *([recorder] if recorder else [])])
+
+    def _cut(self, gen: list[int], stop: tuple[str, ...], stop_ids: list[int] | None,
+             lps: list[float] | None = None) -> Generated:
         eos = self.tokenizer.eos_token_id
         for j, tok in enumerate(gen):
             if tok == eos:  # the sampled EOS stays in the ids (it is trained on in RL), not in the text
-                return Generated(self.tokenizer.decode(gen[:j], skip_special_tokens=True), gen[: j + 1], "eos")
+                return Generated(self.tokenizer.decode(gen[:j], skip_special_tokens=True), gen[: j + 1], "eos",
+                                 logprobs=lps and lps[: j + 1])
             if stop_ids is not None:
                 hit = tok in stop_ids
             else:
@@ -151,6 +201,9 @@ class HFGenerator:
                 hit = any(s in tail for s in stop)
             if hit:
                 kept = gen[: j + 1]
-                return Generated(self.tokenizer.decode(kept, skip_special_tokens=True), kept, "stop")
-        gen = [t for t in gen if t != self.pad_id] if self.pad_id != eos else gen
-        return Generated(self.tokenizer.decode(gen, skip_special_tokens=True), gen, "length")
+                return Generated(self.tokenizer.decode(kept, skip_special_tokens=True), kept, "stop",
+                                 logprobs=lps and lps[: j + 1])
+        keep = [j for j, t in enumerate(gen) if t != self.pad_id or self.pad_id == eos]
+        gen = [gen[j] for j in keep]
+        return Generated(self.tokenizer.decode(gen, skip_special_tokens=True), gen, "length",
+                         logprobs=lps and [lps[j] for j in keep])

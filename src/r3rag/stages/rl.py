@@ -201,8 +201,11 @@ def _start(cfg: Config, inputs):
 
     require_chat_template(Protocol(**protocol_dict), tokenizer, "rl")  # also fails early on a bad template
     if cfg.lora:
+        from transformers import set_seed
+
         from r3rag.training import apply_lora
 
+        set_seed(cfg.seed)  # LoRA's random init is the run's (the Trainer seeds only once it is built)
         model = apply_lora(model, cfg.lora_settings)
     return model, tokenizer, protocol_dict, base
 
