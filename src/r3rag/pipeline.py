@@ -24,7 +24,7 @@ from r3rag.artifacts import ArtifactRef, default_runs_dir, list_artifacts
 from r3rag.config import build_config, key_location, load_yaml, parse_overrides
 from r3rag.errors import UserError
 from r3rag.stages import STAGE_ORDER
-from r3rag.stages.common import FILE, Context, check_protocol_settings
+from r3rag.stages.common import FILE, Context
 
 TOP_LEVEL = {"name", "extends", "stages", "variants", "table", *STAGE_ORDER}
 
@@ -90,10 +90,8 @@ def run_stage(stage: str, config_path: Path | None, overrides: list[str], runs_d
 
 def stage_config(stage: str, section: dict, overrides: list[str], where: str):
     """A stage's typed config from its section and `--set` overrides, with the checks every stage
-    shares (keys, types, Literal choices, protocol settings)."""
-    cfg = build_config(_stage_module(stage).Config, section, parse_overrides(overrides), where=where)
-    check_protocol_settings(stage, cfg, where)
-    return cfg
+    shares (keys, types, Literal choices)."""
+    return build_config(_stage_module(stage).Config, section, parse_overrides(overrides), where=where)
 
 
 def _bind_latest(value, stage: str, path: str):

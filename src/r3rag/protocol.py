@@ -39,7 +39,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, get_args
 
 THINK_OPEN, THINK_CLOSE = "<think>", "</think>"
 SEARCH_OPEN, SEARCH_CLOSE = "<search>", "</search>"
@@ -131,17 +131,20 @@ class Hit:
     text: str
 
 
-PROTOCOLS = ("search-r1", "r3rag", "ircot")
-TEMPLATES = ("search-r1", "minimal", "qa")  # prompts of the search-r1 protocol
-DOC_STYLES = ("search-r1", "plain")
+# The protocol's choices, once: stage configs type their settings with these aliases, so a
+# misspelled value is one line naming the allowed ones wherever it is read.
+ProtocolName = Literal["search-r1", "r3rag", "ircot"]
+Template = Literal["search-r1", "minimal", "qa"]  # prompts of the search-r1 protocol
+DocStyle = Literal["search-r1", "plain"]
+PROTOCOLS, TEMPLATES, DOC_STYLES = get_args(ProtocolName), get_args(Template), get_args(DocStyle)
 CHOICES = {"name": PROTOCOLS, "template": TEMPLATES, "doc_style": DOC_STYLES}  # Protocol's Literal fields
 
 
 @dataclass
 class Protocol:
-    name: Literal["search-r1", "r3rag", "ircot"] = "search-r1"
-    template: Literal["search-r1", "minimal", "qa"] = "search-r1"
-    doc_style: Literal["search-r1", "plain"] = "search-r1"
+    name: ProtocolName = "search-r1"
+    template: Template = "search-r1"
+    doc_style: DocStyle = "search-r1"
     max_doc_chars: int = 0  # 0 = no truncation
     chat: bool = False  # wrap the prompt as a user message in the tokenizer's chat template (instruct models)
 

@@ -36,7 +36,7 @@ from pathlib import Path
 from typing import Literal
 
 from r3rag.errors import UserError
-from r3rag.protocol import DOC_STYLES, PROTOCOLS, TEMPLATES, Protocol
+from r3rag.protocol import DOC_STYLES, PROTOCOLS, TEMPLATES, DocStyle, Protocol, ProtocolName, Template
 
 SCRIPTS = ("top-title",)
 MODES = ("iterative", "direct", "rag")
@@ -49,9 +49,9 @@ class SystemSpec:
     api_key_env: str = ""  # environment variable holding the endpoint's API key (never stored)
     scripted: str = ""  # a scripted baseline: top-title
     mode: Literal["iterative", "direct", "rag"] = "iterative"
-    template: Literal["search-r1", "minimal", "qa"] = "search-r1"  # prompt for models that are not r3rag policies
-    doc_style: Literal["search-r1", "plain"] = "search-r1"
-    protocol: str = "search-r1"  # models that are not policies: search-r1 (with `template`) or ircot
+    template: Template = "search-r1"  # prompt for models that are not r3rag policies
+    doc_style: DocStyle = "search-r1"
+    protocol: ProtocolName = "search-r1"  # models that are not policies: search-r1 (with `template`) or ircot
     top_k: int = 0  # documents per search; 0 = eval's top_k
     max_doc_chars: int = 0  # cut each document to this many characters (0 = whole), e.g. as a policy was trained
     chat: bool = True  # use the tokenizer's chat template when it has one (models that are not policies)

@@ -26,14 +26,9 @@ from rich.text import Text
 from r3rag.artifacts import ArtifactRef, ArtifactWriter, default_runs_dir, file_sha256, load_manifest, resolve
 from r3rag.errors import UserError
 from r3rag.jsonl import iter_numbered, unique_by_id
-from r3rag.protocol import CHOICES
 
 FILE = "file"  # an input that is a plain file, recorded by its content hash, not an artifact
-# Stage settings that become Protocol fields (`protocol` is its `name`), by stage. The stage configs
-# declare them as plain strings, so the config's Literal check does not see them (and other stages'
-# fields of the same name, world's doc_style, mean something else).
-PROTOCOL_SETTINGS = {"synthesize": {"protocol": "name", "template": "template", "doc_style": "doc_style"},
-                     "rl": {"template": "template", "doc_style": "doc_style"}}
+
 
 
 @dataclass
@@ -77,15 +72,6 @@ class Context:
     def progress(self) -> Progress:
         return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                         console=self.console, transient=True)
-
-
-def check_protocol_settings(stage: str, cfg, where: str) -> None:
-    """A misspelled protocol, template or doc_style is one line naming the allowed values, before
-    any work (else a template that is no template silently prompts like search-r1)."""
-    for key, protocol_field in PROTOCOL_SETTINGS.get(stage, {}).items():
-        value, allowed = getattr(cfg, key), CHOICES[protocol_field]
-        if value not in allowed:
-            raise UserError(f"{where}.{key}: unknown value {value!r} (allowed: {', '.join(allowed)})")
 
 
 def resolve_inputs(cfg, input_fields: dict[str, str], ctx: Context) -> dict[str, ArtifactRef]:

@@ -33,7 +33,7 @@ from pathlib import Path
 from r3rag.artifacts import ArtifactRef, load_manifest
 from r3rag.errors import UserError
 from r3rag.jsonl import read_jsonl
-from r3rag.protocol import Protocol
+from r3rag.protocol import DocStyle, Protocol, Template
 from r3rag.retrieval import is_url, open_retriever
 from r3rag.rewards import RewardSettings
 from r3rag.stages.common import FILE, Context, add_model_input, load_questions, model_location, resolve_inputs, set_threads
@@ -49,8 +49,8 @@ class Config:
     name: str = "default"
     policy: str = "sft:latest"
     model: str = ""  # start from this transformers model (id or path) instead of a policy artifact
-    template: str = "search-r1"  # the protocol when starting from `model`: prompt template,
-    doc_style: str = "search-r1"  # document rendering,
+    template: Template = "search-r1"  # the protocol when starting from `model`: prompt,
+    doc_style: DocStyle = "search-r1"  # document rendering,
     chat: bool = False  # and the tokenizer's chat template around the prompt (instruct models)
     max_doc_chars: int | None = None  # document truncation (characters); None = as the policy was trained
     world: str = "world:latest"  # the questions: world/<split>.jsonl, or...

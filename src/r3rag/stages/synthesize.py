@@ -44,19 +44,19 @@ import random
 import time
 from collections import Counter
 from dataclasses import dataclass
+from typing import Literal
 
 from r3rag.env import EnvConfig, run_rollouts
 from r3rag.errors import UserError
 from r3rag.journal import Journal
 from r3rag.judge import AnswerJudge
 from r3rag.jsonl import read_jsonl, write_jsonl
-from r3rag.protocol import PROTOCOLS, Protocol
+from r3rag.protocol import DocStyle, Protocol, ProtocolName, Template
 from r3rag.retrieval import is_url, open_retriever
 from r3rag.stages.common import FILE, Context, add_model_input, load_questions, model_location, resolve_inputs, set_threads
 from r3rag import teachers
 
 INPUTS = {"world": "world", "index": "index", "questions": FILE}
-TEACHERS = ("oracle", "openai", "hf")
 # How fast a run goes, not what it writes: kept out of the artifact id, so a rerun with other
 # values still resumes the same journal.
 OPERATIONAL = ("concurrency", "timeout", "max_retries", "batch_size", "gen_batch_size", "threads")
@@ -74,10 +74,10 @@ class Config:
     extra_worlds: int = 0
     extra_questions_per_world: int = 400
     extra_world_clusters: int = 10  # size of each extra world; 0 = same as the evaluation world
-    teacher: str = "oracle"  # oracle, openai or hf
-    protocol: str = "search-r1"  # or r3rag
-    template: str = "search-r1"
-    doc_style: str = "search-r1"
+    teacher: Literal["oracle", "openai", "hf"] = "oracle"
+    protocol: ProtocolName = "search-r1"  # the protocol's name
+    template: Template = "search-r1"
+    doc_style: DocStyle = "search-r1"
     chat: bool = False  # the student is an instruct model: prompts inside its chat template (sft, rl, eval)
     max_doc_chars: int = 0  # cut each retrieved document to this many characters (0 = whole)
     top_k: int = 3
@@ -145,10 +145,6 @@ def run(cfg: Config, ctx: Context):
 
 
 def _check(cfg: Config) -> None:
-    if cfg.teacher not in TEACHERS:
-        raise UserError(f"synthesize.teacher: unknown teacher {cfg.teacher!r} (available: {', '.join(TEACHERS)})")
-    if cfg.protocol not in PROTOCOLS:
-        raise UserError(f"synthesize.protocol: unknown protocol {cfg.protocol!r} (available: {', '.join(PROTOCOLS)})")
     if cfg.match not in ("exact", "cover"):
         raise UserError(f"synthesize.match: expected exact or cover, got {cfg.match!r}")
     if cfg.attempts < 1 or cfg.max_turns < 1:
