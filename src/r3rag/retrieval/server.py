@@ -8,9 +8,14 @@
 Bad input is always a 4xx with {"detail": message}: malformed JSON (400), a body over
 `max_body_bytes` (413), a body not received within `body_timeout` (408), and for the fields
 (422) empty or non-list `queries`, a non-string or over-long query, a batch over `max_batch`,
-`topk` outside 1..`max_topk`. Slow clients: a connection that has not sent a request's headers
-`header_timeout` s after opening (or after its previous response) is closed, so idle or
-byte-by-byte ("slow loris") connections cannot pile up; idle keep-alive connections close after 5 s.
+`topk` outside 1..`max_topk`. Slow or greedy clients: a connection that has not sent a request's
+headers `header_timeout` s after opening (or after its previous response) is closed, so idle or
+byte-by-byte ("slow loris") connections cannot pile up; unfinished headers are buffered up to
+MAX_HEADER_BYTES, more is a 400 that closes the connection; idle keep-alive connections close after
+5 s; with `max_connections` connections open, further requests are answered 503 (uvicorn's
+plain-text one; clients retry 5xx). Where each lives: the body limits are ASGI middleware
+(`server_guards.BodyLimits`, for every route), the header deadline wraps uvicorn's HTTP protocol
+(`server_guards.with_header_deadline`: uvicorn has no such setting), the rest are uvicorn settings.
 
 Batching. Retrievers are fastest on big batches (bm25s scores a whole batch in one sparse
 product), and a trainer's rollouts send many small concurrent requests. So request
@@ -34,7 +39,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import functools
 import socket
 import sys
 import threading
@@ -44,9 +48,12 @@ from pathlib import Path
 
 import orjson
 from fastapi import FastAPI
-from uvicorn.protocols.http.h11_impl import H11Protocol
+
+from r3rag.retrieval.server_guards import BodyLimits, with_header_deadline
 
 DEFAULT_TOPK = 3  # Search-R1's retrieval_topk when a request gives none
+MAX_HEADER_BYTES = 8 * 1024  # an unfinished request line and headers (h11's buffer); clients send ~200 bytes
+MAX_CONNECTIONS = 512  # bounds memory: each in-flight request may hold up to max_body_bytes
 
 
 class BadRequest(Exception):
@@ -139,7 +146,7 @@ def make_app(retriever, max_batch: int = 512, max_topk: int = 100, max_query_cha
         yield
         await batcher.stop()
 
-    app = _App(title="r3rag retrieval", lifespan=lifespan)
+    app = FastAPI(title="r3rag retrieval", lifespan=lifespan)
     app.state.batcher = batcher
     stats = {"requests": 0, "queries": 0}
 
@@ -152,11 +159,11 @@ def make_app(retriever, max_batch: int = 512, max_topk: int = 100, max_query_cha
                 **stats, "searches": batcher.searches}
 
     async def retrieve(scope, receive, send) -> None:
-        """POST /retrieve as a bare ASGI handler: FastAPI's routing, middleware and
-        encoders cost more per request than the JSON work itself (see the module docstring)."""
+        """POST /retrieve as a bare ASGI handler (see FastRoutes): FastAPI's routing, request
+        parsing and encoders cost more per request than the JSON work itself."""
         batcher.arriving += 1
         try:
-            body = _parse_json(await _read_body(scope, receive, max_body_bytes, body_timeout))
+            body = _parse_json(await _read_body(receive))
             queries, topk, with_scores = _validate(body, **limits)
         except BadRequest as e:
             return await _send_json(send, e.status, {"detail": e.detail})
@@ -170,24 +177,25 @@ def make_app(retriever, max_batch: int = 512, max_topk: int = 100, max_query_cha
         stats["queries"] += len(queries)
         await _send_json(send, 200, {"result": [[_hit_json(h, with_scores) for h in row] for row in rows]})
 
-    app.fast_routes[("POST", "/retrieve")] = retrieve
+    # added last = outermost: the body limits hold for the fast routes as for FastAPI's own
+    app.add_middleware(FastRoutes, routes={("POST", "/retrieve"): retrieve})
+    app.add_middleware(BodyLimits, max_bytes=max_body_bytes, timeout=body_timeout)
     return app
 
 
-class _App(FastAPI):
-    """FastAPI, except that the routes in `fast_routes` ((method, path) -> ASGI handler) skip
-    its stack; those handlers do their own validation and errors."""
+class FastRoutes:
+    """Pure ASGI middleware: the routes in `routes` ((method, path) -> ASGI handler) skip FastAPI's
+    routing, exception handlers and dependency machinery; they do their own validation and errors."""
 
-    def __init__(self, **kwargs):
-        super().__init__(**kwargs)
-        self.fast_routes: dict[tuple[str, str], object] = {}
+    def __init__(self, app, routes: dict):
+        self.app, self.routes = app, routes
 
     async def __call__(self, scope, receive, send) -> None:
         if scope["type"] == "http":
-            handler = self.fast_routes.get((scope["method"], scope["path"]))
+            handler = self.routes.get((scope["method"], scope["path"]))
             if handler is not None:
                 return await handler(scope, receive, send)
-        await super().__call__(scope, receive, send)
+        await self.app(scope, receive, send)
 
 
 def _hit_json(h, with_scores: bool) -> dict:
@@ -204,33 +212,17 @@ def _orjson_default(obj):
 async def _send_json(send, status: int, obj) -> None:
     body = orjson.dumps(obj, default=_orjson_default)
     headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]
-    if status in (408, 413):  # the request body was not read to its end: the connection cannot be reused
-        headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": status, "headers": headers})
     await send({"type": "http.response.body", "body": body})
 
 
-async def _read_body(scope, receive, max_bytes: int, timeout: float) -> bytes:
-    for name, value in scope["headers"]:
-        if name == b"content-length" and value.isdigit() and int(value) > max_bytes:
-            raise BadRequest(413, f"request body of {value.decode()} bytes is over the limit of {max_bytes}")
-    try:  # a client that trickles its body (slow loris) does not hold a handler forever
-        return await asyncio.wait_for(_receive_body(receive, max_bytes), timeout)
-    except TimeoutError:
-        raise BadRequest(408, f"request body not received within {timeout:g} s") from None
-
-
-async def _receive_body(receive, max_bytes: int) -> bytes:
-    chunks, size, more = [], 0, True
-    while more:  # counted as it streams: chunked bodies have no length
+async def _read_body(receive) -> bytes:
+    chunks, more = [], True
+    while more:  # its size and time limits: BodyLimits, around the app
         message = await receive()
-        if message["type"] == "http.disconnect":
+        if message["type"] == "http.disconnect":  # gone, or cut off by BodyLimits (which has answered)
             raise BadRequest(400, "the client went away")
-        chunk = message.get("body", b"")
-        size += len(chunk)
-        if size > max_bytes:
-            raise BadRequest(413, f"request body is over the limit of {max_bytes} bytes")
-        chunks.append(chunk)
+        chunks.append(message.get("body", b""))
         more = message.get("more_body", False)
     return chunks[0] if len(chunks) == 1 else b"".join(chunks)
 
@@ -268,7 +260,7 @@ def _validate(body, max_batch: int, max_topk: int, max_query_chars: int) -> tupl
 
 
 def serve(index_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning",
-          header_timeout: float = 10.0, **limits) -> None:
+          header_timeout: float = 10.0, max_connections: int = MAX_CONNECTIONS, **limits) -> None:
     """Load the index in `index_dir` and serve it until interrupted."""
     import uvicorn
 
@@ -279,68 +271,27 @@ def serve(index_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, log_
     app = make_app(retriever, **limits)
     print(f"serving {index_dir} ({len(getattr(retriever, 'docs', []))} docs) at http://{host}:{port} "
           "(Ctrl-C stops)", file=sys.stderr, flush=True)
-    uvicorn.Server(_config(app, log_level, header_timeout)).run(sockets=[sock])
+    uvicorn.Server(_config(app, log_level, header_timeout, max_connections)).run(sockets=[sock])
 
 
-def _config(app, log_level: str, header_timeout: float):
+def _config(app, log_level: str, header_timeout: float, max_connections: int):
     import uvicorn
 
-    return uvicorn.Config(app, log_level=log_level, access_log=False, lifespan="on", proxy_headers=False,
-                          http=functools.partial(_GuardedH11, header_timeout=header_timeout), timeout_keep_alive=5)
-
-
-class _GuardedH11(H11Protocol):
-    """uvicorn's h11 protocol, plus a deadline: a connection must deliver each request's headers
-    within `header_timeout` s of opening (or of the previous response), else it is closed. uvicorn
-    has no such timeout: a client that connects and sends nothing, or sends its headers a byte at
-    a time (slow loris), would hold its connection forever."""
-
-    def __init__(self, *args, header_timeout: float = 10.0, **kwargs):
-        super().__init__(*args, **kwargs)
-        self.header_timeout = header_timeout
-        self._deadline: asyncio.TimerHandle | None = None
-        self._waiting_since = None  # the cycle current when the deadline was armed (None: a new connection)
-
-    def connection_made(self, transport):
-        super().connection_made(transport)
-        self._arm()
-
-    def handle_events(self):
-        super().handle_events()
-        if self.cycle is not None and self.cycle is not self._waiting_since:  # headers are in
-            self._disarm()
-
-    def on_response_complete(self):
-        self._arm()  # before super(): it may start a pipelined request at once
-        super().on_response_complete()
-
-    def connection_lost(self, exc):
-        self._disarm()
-        super().connection_lost(exc)
-
-    def _arm(self):
-        self._disarm()
-        self._waiting_since = self.cycle
-        self._deadline = self.loop.call_later(self.header_timeout, self._expire)
-
-    def _disarm(self):
-        if self._deadline is not None:
-            self._deadline.cancel()
-            self._deadline = None
-
-    def _expire(self):
-        self._deadline = None
-        if not self.transport.is_closing():
-            self.transport.close()
+    app, http = with_header_deadline(app, header_timeout)
+    return uvicorn.Config(app, http=http, log_level=log_level, access_log=False, lifespan="on", proxy_headers=False,
+                          ws="none",  # no websocket routes; and an upgrade would swap HeaderDeadline out
+                          h11_max_incomplete_event_size=MAX_HEADER_BYTES, limit_concurrency=max_connections,
+                          timeout_keep_alive=5)
 
 
 @contextlib.contextmanager
-def running(app: FastAPI, host: str = "127.0.0.1", port: int = 0, header_timeout: float = 10.0):
+def running(app: FastAPI, host: str = "127.0.0.1", port: int = 0, header_timeout: float = 10.0,
+            max_connections: int = MAX_CONNECTIONS):
     """Serve `app` from a background thread; yields its base URL and stops it on exit."""
     import uvicorn
 
     sock = _bind(host, port)  # bound here so the port (0 = any free one) is known before serving
-    server = uvicorn.Server(_config(app, "warning", header_timeout))
+    server = uvicorn.Server(_config(app, "warning", header_timeout, max_connections))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
