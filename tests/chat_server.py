@@ -8,7 +8,7 @@ Usage:
     with ChatServer(reply=lambda body: "<answer> Paris </answer>", delay=0.2) as srv:
         client = ChatClient(srv.url, "test-model")       # srv.url == "http://127.0.0.1:PORT/v1"
         ...
-    srv.requests       # every request: {"body", "headers", "time", "fault"}
+    srv.requests       # every request: {"body", "headers" (any case), "time", "fault"}
 
     # faults: a function of the request body -> None (answer normally) or one of FAULTS;
     # first_n(["429", "500"]) injects them into the first requests, in order.
@@ -90,8 +90,8 @@ class ChatServer:
         body = json.loads(raw)
         fault = self.faults(body) if self.faults else None
         with self._lock:
-            self.requests.append({"body": body, "headers": dict(h.headers), "time": time.monotonic(),
-                                  "fault": fault})
+            # h.headers as it is: looked up without regard to case, as HTTP says (clients differ in case).
+            self.requests.append({"body": body, "headers": h.headers, "time": time.monotonic(), "fault": fault})
         if self.delay:
             time.sleep(self.delay)
         match fault:

@@ -1,6 +1,8 @@
 """The OpenAI-compatible chat client against a real HTTP server on 127.0.0.1, faults injected."""
 
+import signal
 import socket
+import threading
 import time
 
 import pytest
@@ -65,6 +67,9 @@ def test_429_waits_for_retry_after():
         assert r.ok and r.attempts == 2
         gap = srv.requests[1]["time"] - srv.requests[0]["time"]
         assert gap >= 1.0, gap  # backoff alone would be ~0.01 s
+    with ChatServer(reply=echo, faults=first_n(["429"]), retry_after="300") as srv, client(srv) as c:
+        r = c.chat(MSG)  # "not for 5 minutes": over the SDK's 2-minute limit, a failure now, not a long wait
+        assert (r.kind, r.attempts, r.fatal) == ("http_429", 1, False)
 
 
 def test_a_lasting_failure_is_a_value_and_others_still_succeed():
@@ -76,6 +81,8 @@ def test_a_lasting_failure_is_a_value_and_others_still_succeed():
         assert [r.ok for r in out] == [True, False, True]
         assert out[1].kind == "http_500" and out[1].attempts == 3 and "after 3 attempts" in out[1].error
         assert not out[1].fatal and c.stats.failures == 1
+        assert c.stats.errors == {"http_500": 3} and c.stats.attempts == 5
+        assert out[1].seconds < 1.0  # backoff=0.01 is honoured: the SDK's own waits would be >= 1.1 s
 
 
 def test_client_errors_are_not_retried_and_auth_is_fatal():
@@ -83,6 +90,9 @@ def test_client_errors_are_not_retried_and_auth_is_fatal():
         bad, auth = c.chat(MSG), c.chat(MSG)
         assert (bad.kind, bad.attempts, bad.fatal) == ("http_400", 1, False)
         assert (auth.kind, auth.attempts, auth.fatal) == ("http_401", 1, True)
+    with ChatServer() as srv, ChatClient(srv.url.replace("/v1", "/v9"), "m") as c:  # a wrong URL: 404
+        r = c.chat(MSG)
+        assert (r.kind, r.attempts, r.fatal) == ("http_404", 1, True) and "/v9/chat/completions" in r.error
 
 
 def test_connection_refused_is_a_failure_value():
@@ -100,3 +110,28 @@ def test_missing_key_variable_and_bad_url_are_user_errors(monkeypatch):
         ChatClient("http://127.0.0.1:1/v1", "m", api_key_env="NO_SUCH_KEY_VAR")
     with pytest.raises(UserError, match="http"):
         ChatClient("127.0.0.1:1/v1", "m")
+
+
+def test_no_key_sends_no_credentials_and_urls_and_extra_fields_pass_as_given(monkeypatch):
+    for var in ("OPENAI_API_KEY", "OPENAI_ORG_ID", "OPENAI_PROJECT_ID"):  # never picked up from the environment
+        monkeypatch.setenv(var, "sk-from-env")
+    with ChatServer(reply=echo) as srv, ChatClient(srv.url + "/chat/completions/", "m", top_k=5) as c:
+        assert c.url == srv.url + "/chat/completions"
+        r = c.chat(MSG, repetition_penalty=1.1, stop=None)
+        assert r.ok and r.text == "echo: say hi", r
+        [req] = srv.requests
+    assert not any("sk-from-env" in v for v in req["headers"].values())
+    assert req["headers"]["Authorization"] is None
+    assert req["body"] == {"model": "m", "messages": MSG, "top_k": 5, "repetition_penalty": 1.1}  # None: left out
+
+
+def test_ctrl_c_cancels_the_requests_in_flight():
+    main = threading.get_ident()
+    with ChatServer(reply=echo, faults=first_n(["hang"]), hang_seconds=30) as srv, \
+            client(srv, concurrency=1, timeout=20) as c:
+        threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT)).start()
+        t0 = time.monotonic()
+        with pytest.raises(KeyboardInterrupt):
+            c.chat(MSG)  # hangs until Ctrl-C
+        r = c.chat(MSG)  # the only slot is free again: the hung request was cancelled, not left to time out
+        assert r.ok and r.attempts == 1 and time.monotonic() - t0 < 5
