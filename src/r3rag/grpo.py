@@ -10,19 +10,39 @@ does not report them), for TRL's importance-sampling correction. The policy roll
 mode (no LoRA or other dropout), then goes back to training. Generation and retrieval time are
 measured per step.
 
+Against flat or collapsing GRPO (settings of `r3rag rl`, see `stages/rl.py`):
+- dynamic sampling (DAPO; TRL has no option for it): `dynamic_sample` drops each group whose
+  rollouts all earn the same reward (no advantage, no gradient) and refills the batch with
+  groups of fresh questions, at most `dynamic_sampling_rounds` times; groups still missing then
+  are filled with dropped ones (TRL needs the batch size; they add nothing to the loss).
+  The counts are logged as `rollout/dropped_groups`, `rollout/refill_rounds`, `rollout/flat_groups`.
+- per-step credit (`process_credit=step`): `rollout_batch` adds `step_credit`, the token spans
+  of each search step and its process reward, which `trainers.R3ragGRPOTrainer` turns into
+  per-token advantages.
+- dev evaluation (`DevEval`): greedy EM on dev questions every N steps through the same env
+  loop, logged beside the training reward; the best step's weights kept for `keep=best_dev`.
+
 Usage:
-    trainer = build_trainer(model, tokenizer, questions, retriever, protocol, scorer, cfg, work_dir, callbacks)
+    trainer = build_trainer(model, tokenizer, questions, retriever, protocol, scorer, cfg, work_dir, callbacks,
+                            dev_questions=dev)
     trainer.train()
 """
 
 from __future__ import annotations
 
+import json
 import os
+import random
+import shutil
 import time
 from dataclasses import replace
+from pathlib import Path
+
+from transformers import TrainerCallback
 
 from r3rag.env import EnvConfig, Trajectory, run_rollouts
 from r3rag.errors import UserError
+from r3rag.metrics import exact_match, f1_score
 from r3rag.protocol import Protocol
 from r3rag.training import checkpointing_flag, completion_with_eos, device_flags
 
@@ -48,21 +68,88 @@ class Timed:
 
 
 def rollout_batch(trajs: list[Trajectory], eos_id: int, max_completion_tokens: int,
-                  mask_retrieved: bool = True) -> dict:
+                  mask_retrieved: bool = True, steps: list[list] | None = None) -> dict:
     """TRL's rollout dict: ids and env_mask from the one span rule shared with SFT, except the
     final EOS: learned only where the model sampled it (`eos_rule="sampled"`), never the one
     appended after a turn the env stopped at `</answer>`.
     `mask_retrieved=False` is Search-R1's ablation: retrieved tokens get loss like model tokens
-    (the final EOS keeps its own rule)."""
+    (the final EOS keeps its own rule).
+    `steps` (per-step credit): each trajectory's [turn index, process reward] pairs
+    (`RewardScorer.score_steps`), returned as `step_credit` token spans (`step_spans`)."""
     pairs = [completion_with_eos(t, eos_id, max_completion_tokens, eos_rule="sampled") for t in trajs]
     logprobs = [completion_logprobs(t, eos_id, len(ids)) for t, (ids, _) in zip(trajs, pairs)]
     if not mask_retrieved:
         pairs = [(ids, [1] * (len(mask) - 1) + mask[-1:]) for ids, mask in pairs]
-    return {
+    out = {
         "prompt_ids": [t.prompt_ids for t in trajs], "completion_ids": [p[0] for p in pairs], "logprobs": logprobs,
         "env_mask": [p[1] for p in pairs], "pred_answer": [t.answer for t in trajs],
         "finish_reason": [t.finish_reason for t in trajs], "num_searches": [len(t.retrieved) for t in trajs],
     }
+    if steps is not None:
+        out["step_credit"] = [step_spans(t, s, len(ids)) for t, s, (ids, _) in zip(trajs, steps, pairs)]
+    return out
+
+
+def step_spans(traj: Trajectory, steps: list[list], n: int) -> list[list]:
+    """[start, end, x] for each [turn index, x] in `steps`: that turn's tokens in the completion
+    of `n` ids, cut before its last one (the EOS, which keeps the trajectory's advantage)."""
+    offsets, pos = [], 0
+    for t in traj.turns:
+        offsets.append(pos)
+        pos += len(t.ids or [])
+    spans = []
+    for i, x in steps:
+        start, end = offsets[i], min(offsets[i] + len(traj.turns[i].ids or []), n - 1)
+        if start < end:
+            spans.append([start, end, x])
+    return spans
+
+
+def dynamic_sample(examples: list[dict], group: int, roll, draw, has_signal, max_rounds: int) -> tuple[list, dict]:
+    """DAPO's dynamic sampling over one process's share of a batch (whole groups of `group`).
+
+    `roll(examples)` rolls out and scores, returning parallel lists (examples, trajectories,
+    score rows, steps); `has_signal(part)` says whether one group's slice of them gives any
+    advantage; `draw(k, round)` gives up to k fresh questions. Groups without signal are set
+    aside and refilled from fresh questions, at most `max_rounds` times; slots still empty then
+    take set-aside groups (zero advantage: they change nothing, but TRL needs the batch size).
+    Returns the parallel lists for the batch and the counts that are logged."""
+    need = len(examples) // group
+    kept, flat, rounds, batch = [], [], 0, examples[::group]
+    while True:
+        cols = roll([e for e in batch for _ in range(group)])
+        for g in range(0, len(cols[0]), group):
+            part = tuple(c[g: g + group] for c in cols)
+            (kept if has_signal(part) else flat).append(part)
+        if len(kept) >= need or rounds == max_rounds:
+            break
+        batch = draw(need - len(kept), rounds + 1)
+        if not batch:  # no fresh question left
+            break
+        rounds += 1
+    final = kept[:need] + flat[: need - len(kept)]
+    joined = [[x for part in final for x in part[c]] for c in range(len(cols))]
+    stats = {"dropped_groups": len(flat), "refill_rounds": rounds, "flat_groups": max(0, need - len(kept))}
+    return joined, stats
+
+
+def fresh_questions(questions: list[dict], used: list[dict], seed: int, step: int, rank: int):
+    """`draw(k, round)` for `dynamic_sample`: k questions not yet in this batch, drawn by a
+    generator seeded by (seed, step, process, round), so a resumed run refills as a straight one."""
+    tried = {q["id"] for q in used}
+
+    def draw(k: int, round_no: int) -> list[dict]:
+        fresh = [q for q in questions if q["id"] not in tried]
+        picked = random.Random(f"{seed}:{step}:{rank}:{round_no}").sample(fresh, min(k, len(fresh)))
+        tried.update(q["id"] for q in picked)
+        return picked
+
+    return draw
+
+
+def env_config(cfg) -> EnvConfig:
+    return EnvConfig(top_k=cfg.top_k, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
+                     max_completion_tokens=cfg.max_completion_tokens)
 
 
 def completion_logprobs(traj: Trajectory, eos_id: int, n: int) -> list[float | None]:
@@ -81,29 +168,49 @@ def completion_logprobs(traj: Trajectory, eos_id: int, n: int) -> list[float | N
 
 def make_rollout_func(questions: list[dict], retriever, protocol: Protocol, tokenizer, scorer, cfg, sampler=None):
     """TRL rollout_func: one multi-turn trajectory per prompt it is given (prompts arrive
-    repeated num_generations times), scored by every reward component."""
+    repeated num_generations times), scored by every reward component; with
+    `cfg.dynamic_sampling`, flat groups are replaced by groups of fresh questions."""
     by_prompt = {protocol.context_prompt(q["question"], tokenizer): q for q in questions}
-    env_cfg = EnvConfig(top_k=cfg.top_k, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
-                        max_completion_tokens=cfg.max_completion_tokens)
+    env_cfg = env_config(cfg)
 
     def rollout_func(prompts: list[str], trainer) -> dict:
         examples = [by_prompt[p] for p in prompts]
         t0 = time.perf_counter()
-        ret = Timed(retriever)
+        ret, scoring = Timed(retriever), Timed(None)
         with generator(trainer, tokenizer, cfg) as gen:
             gen = Timed(gen)
-            trajs = run_rollouts(examples, gen, ret, protocol, env_cfg, tokenizer)
-        t1 = time.perf_counter()
-        scores = scorer.score(trajs, examples)
-        timing = {"generation": gen.seconds, "retrieval": ret.seconds, "rollout": t1 - t0,
-                  "reward": time.perf_counter() - t1}
+
+            def roll(exs: list[dict]) -> tuple:
+                trajs = run_rollouts(exs, gen, ret, protocol, env_cfg, tokenizer)
+                return exs, trajs, *scoring._time(scorer.score_steps, trajs, exs)
+
+            if cfg.dynamic_sampling:
+                _check_whole_groups(prompts, cfg.num_generations)
+                from r3rag.rewards import group_has_signal
+
+                draw = fresh_questions(questions, examples, cfg.seed, trainer.state.global_step,
+                                       trainer.accelerator.process_index)
+                (examples, trajs, scores, steps), sampling = dynamic_sample(
+                    examples, cfg.num_generations, roll, draw,
+                    lambda part: group_has_signal(scorer, part[2], part[3]), cfg.dynamic_sampling_rounds)
+            else:
+                (_, trajs, scores, steps), sampling = roll(examples), {}
+        timing = {"generation": gen.seconds, "retrieval": ret.seconds,
+                  "rollout": time.perf_counter() - t0 - scoring.seconds, "reward": scoring.seconds}
         if sampler is not None:
             sampler.add(trainer.state.global_step + 1, trajs, examples, scores)
-        batch = rollout_batch(trajs, tokenizer.eos_token_id, cfg.max_completion_tokens, cfg.mask_retrieved)
-        return {**batch, "scores": scores,
-                "timing": timing}
+        batch = rollout_batch(trajs, tokenizer.eos_token_id, cfg.max_completion_tokens, cfg.mask_retrieved,
+                              steps if scorer.step_credit else None)
+        # The refilled groups' prompt_ids are what TRL trains on; its own `prompts` list only feeds its logs.
+        return {**batch, "scores": scores, "timing": timing, "sampling": sampling}
 
     return rollout_func
+
+
+def _check_whole_groups(prompts: list[str], group: int) -> None:
+    if len(prompts) % group or any(p != prompts[i - i % group] for i, p in enumerate(prompts)):
+        raise RuntimeError(f"dynamic sampling: this process got {len(prompts)} prompts that are not whole groups "
+                           f"of {group} (prompts_per_step x steps_per_generation must divide over the processes)")
 
 
 class generator:
@@ -173,25 +280,48 @@ def per_device_batch(cfg) -> int:
     return total // parts
 
 
+TOKEN_LEVEL_LOSSES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo")  # per-token advantages make sense
+
+
+def check_settings(cfg) -> None:
+    """The GRPO settings that only make sense together: one clear line each."""
+    if cfg.keep == "best_dev" and cfg.eval_every <= 0:
+        raise UserError("rl.keep=best_dev: set rl.eval_every to a number of steps (the dev evaluation picks the step)")
+    for name in ("eval_every", "eval_limit", "dynamic_sampling_rounds"):
+        if getattr(cfg, name) < 0:
+            raise UserError(f"rl.{name}: expected 0 or more, got {getattr(cfg, name)}")
+    if cfg.epsilon_high is not None and cfg.epsilon_high < cfg.epsilon:
+        raise UserError(f"rl.epsilon_high: expected at least rl.epsilon ({cfg.epsilon}) (clip-higher widens the "
+                        f"upper bound; DAPO uses 0.28), got {cfg.epsilon_high}")
+    if cfg.process_credit == "step" and cfg.loss_type not in TOKEN_LEVEL_LOSSES:
+        raise UserError(f"rl.process_credit=step: loss_type {cfg.loss_type} weighs whole sequences; use one of "
+                        f"{', '.join(TOKEN_LEVEL_LOSSES)}")
+
+
 def build_trainer(model, tokenizer, questions, retriever, protocol: Protocol, scorer, cfg, work_dir, callbacks=(),
-                  sampler=None):
+                  sampler=None, dev_questions: list[dict] | None = None):
     from datasets import Dataset
     from trl import GRPOConfig
 
     from r3rag.rewards import trl_reward_funcs
-    from r3rag.trainers import ResumableGRPOTrainer
+    from r3rag.trainers import R3ragGRPOTrainer
 
+    check_settings(cfg)
     funcs, weights = trl_reward_funcs(scorer)
     cfg = replace(cfg, vllm=resolve_vllm(cfg.vllm))  # "auto" -> the backend this machine has
     vllm = dict(use_vllm=True, vllm_mode=cfg.vllm, vllm_server_base_url=cfg.vllm_server_url or None,
                 vllm_gpu_memory_utilization=cfg.vllm_gpu_memory) if cfg.vllm else {}
+    per_device = per_device_batch(cfg)
+    if cfg.dynamic_sampling and per_device * cfg.steps_per_generation * cfg.grad_accum % cfg.num_generations:
+        raise UserError("rl.dynamic_sampling: each process must roll out whole groups (prompts_per_step x "
+                        f"steps_per_generation must divide over the {world_size()} process(es))")
     args = GRPOConfig(
-        output_dir=str(work_dir / "checkpoints"), max_steps=cfg.steps, per_device_train_batch_size=per_device_batch(cfg),
+        output_dir=str(work_dir / "checkpoints"), max_steps=cfg.steps, per_device_train_batch_size=per_device,
         gradient_accumulation_steps=cfg.grad_accum, steps_per_generation=cfg.steps_per_generation * cfg.grad_accum,
         num_generations=cfg.num_generations, num_iterations=cfg.num_iterations, learning_rate=cfg.lr,
         lr_scheduler_type=cfg.lr_scheduler, warmup_steps=cfg.warmup_ratio, weight_decay=cfg.weight_decay,
         max_grad_norm=cfg.max_grad_norm, beta=cfg.beta, loss_type=cfg.loss_type, scale_rewards=cfg.scale_rewards,
-        epsilon=cfg.epsilon, temperature=cfg.temperature, top_p=cfg.top_p,
+        epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, temperature=cfg.temperature, top_p=cfg.top_p,
         max_completion_length=cfg.max_completion_tokens, reward_weights=weights,
         logging_steps=1, save_strategy="steps" if cfg.save_steps else "no", save_steps=cfg.save_steps or 500,
         save_total_limit=cfg.keep_checkpoints, report_to=list(cfg.report_to) or "none",
@@ -200,5 +330,76 @@ def build_trainer(model, tokenizer, questions, retriever, protocol: Protocol, sc
     )
     ds = Dataset.from_dict({"prompt": [protocol.context_prompt(q["question"], tokenizer) for q in questions]})
     rollout = make_rollout_func(questions, retriever, protocol, tokenizer, scorer, cfg, sampler)
-    return ResumableGRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=ds,
-                                processing_class=tokenizer, rollout_func=rollout, callbacks=list(callbacks))
+    dev = DevEval(dev_questions, retriever, protocol, tokenizer, cfg, Path(work_dir)) if dev_questions else None
+    trainer = R3ragGRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=ds,
+                               processing_class=tokenizer, rollout_func=rollout,
+                               callbacks=[*callbacks, *([dev] if dev else [])],
+                               step_credit_weight=scorer.process_weight() if scorer.step_credit else 0.0)
+    if dev:
+        dev.trainer = trainer
+    return trainer
+
+
+# ---- evaluation on dev during training --------------------------------------------------------
+
+def dev_scores(trainer, questions: list[dict], retriever, protocol: Protocol, tokenizer, cfg) -> dict[str, float]:
+    """Greedy EM and F1 of the trainer's current policy on `questions`, through the rollouts' env
+    loop. Every process answers its share (a sharded model needs them all in the generate context)
+    and the sums are gathered. Always transformers: vLLM's weights are synced only when the next
+    rollout starts, so it would answer with the previous step's policy."""
+    from accelerate.utils import gather_object
+
+    acc = trainer.accelerator
+    mine = questions[acc.process_index:: acc.num_processes]
+    with generator(trainer, tokenizer, replace(cfg, vllm="", temperature=0.0)) as gen:
+        trajs = run_rollouts(mine, gen, retriever, protocol, env_config(cfg), tokenizer)
+    em = sum(exact_match(t.answer, q["golden_answers"]) for t, q in zip(trajs, mine))
+    f1 = sum(f1_score(t.answer, q["golden_answers"]) for t, q in zip(trajs, mine))
+    parts = gather_object([(em, f1, len(mine))])
+    n = max(1, sum(p[2] for p in parts))
+    return {"dev/em": sum(p[0] for p in parts) / n, "dev/f1": sum(p[1] for p in parts) / n}
+
+
+class DevEval(TrainerCallback):
+    """Dev EM before training, every `cfg.eval_every` steps and at the last step: logged in that
+    step's metrics line (`dev/em`, `dev/f1`, `time/dev_eval`; before training, in `dev.json`
+    only, as metrics.jsonl lines are training steps). `work/dev.json` records the start, the
+    last and the best evaluation (highest EM, the earlier step on a tie); with `keep=best_dev`
+    the best step's weights are saved to `work/best-<step>/` (the previous best's removed once
+    dev.json names the new one, so a kill never leaves dev.json naming missing weights). A best
+    found before a kill stays a candidate after `--resume`: its weights and EM are real."""
+
+    def __init__(self, questions, retriever, protocol, tokenizer, cfg, work: Path):
+        self.questions, self.retriever, self.protocol, self.tokenizer, self.cfg = (
+            questions, retriever, protocol, tokenizer, cfg)
+        self.work, self.trainer = work, None  # the trainer is set once built
+        self.path = work / "dev.json"
+        self.record = json.loads(self.path.read_text()) if self.path.is_file() else {}
+
+    def on_train_begin(self, args, state, control, **kw):
+        if state.global_step == 0:  # a resumed run evaluated its start before the kill
+            self.record["start"] = self._evaluate(0)
+
+    def on_step_end(self, args, state, control, **kw):
+        step = state.global_step
+        if step % self.cfg.eval_every == 0 or step == state.max_steps:
+            t0 = time.perf_counter()
+            scores = self._evaluate(step)
+            self.trainer.extra_logs.update({**scores, "time/dev_eval": round(time.perf_counter() - t0, 4)})
+
+    def _evaluate(self, step: int) -> dict[str, float]:
+        scores = dev_scores(self.trainer, self.questions, self.retriever, self.protocol, self.tokenizer, self.cfg)
+        best = self.record.get("best")
+        if best is None or scores["dev/em"] > best["dev/em"]:
+            if self.cfg.keep == "best_dev":
+                self.trainer.save_model(str(self.work / f"best-{step}"))  # on every process: gathers shards
+            self.record["best"] = {"step": step, **scores}
+        self.record["last"] = {"step": step, **scores}
+        if self.trainer.accelerator.is_main_process:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.record, indent=2))
+            os.replace(tmp, self.path)
+            for old in self.work.glob("best-*"):
+                if old.name != f"best-{self.record['best']['step']}":
+                    shutil.rmtree(old, ignore_errors=True)
+        return scores

@@ -40,10 +40,20 @@ Components (values in [0, 1] unless said):
   The constants are R3-RAG's per-step PPO rewards (`reward.r3rag.*`); R3-RAG gives each
   step its own sample, GRPO needs one number per trajectory, hence the mean.
 
+Per-step credit (`RewardScorer(..., step_credit=True)`, `rl.process_credit=step`): the
+process components (`relevance`, `r3rag`) are not folded into the trajectory number. Each
+trajectory instead gets its per-step process rewards, keyed by the model turn they belong to
+(`score_steps`): x_k = w_relevance rel_t + w_r3rag s_t on the turn that wrote search t, and
+R3-RAG's format-error step s_k on the last model turn. The trajectory reward TRL normalises
+keeps the other components, plus `r3rag_outcome` (o above, weighted like `r3rag`); `relevance`
+and `r3rag` are still computed and logged, at weight 0. `grpo` turns the x_k into per-token
+advantages (see `trainers.step_advantages`).
+
 Usage:
     scorer = RewardScorer({"em": 1.0, "format": 0.1}, RewardSettings(), protocol)
     rows = scorer.score(trajectories, examples)   # [{"em": 1.0, "f1": 1.0, ...}, ...]
-    funcs, weights = trl_reward_funcs(scorer.weights)
+    rows, steps = scorer.score_steps(trajectories, examples)   # steps: [[turn index, x_k], ...] per trajectory
+    funcs, weights = trl_reward_funcs(scorer)
 """
 
 from __future__ import annotations
@@ -58,6 +68,7 @@ from r3rag.protocol import Protocol
 
 ALWAYS = ("em", "f1", "cover", "format")
 COMPONENTS = (*ALWAYS, "search_r1_format", "judge", "relevance", "r3rag")
+PROCESS = ("relevance", "r3rag")  # the components with a per-step form (step credit)
 RELEVANCE = ("gold", "embedding", "judge")
 
 
@@ -126,16 +137,26 @@ def search_r1_format_reward(traj: Trajectory, example: dict, valid: bool, w: Sea
     return w.final if traj.answer is not None else 0.0
 
 
+def r3rag_steps(traj: Trajectory, rels: list[float], right: bool, w: R3ragWeights) -> tuple[list[float], float]:
+    """R3-RAG's step rewards s_t (one per search with documents, then the format-error step if
+    any) and its outcome o; see the module docstring."""
+    if traj.finish_reason in FORMAT_ERRORS:
+        return [*rels, w.format_error], 0.0
+    if traj.finish_reason == "answer":
+        return [(w.right if right else w.wrong) * r for r in rels], (w.answer_right if right else 0.0)
+    return [w.no_answer * r for r in rels], 0.0  # max_turns (or a generator error): no answer in the turn limit
+
+
 def r3rag_reward(traj: Trajectory, rels: list[float], right: bool, w: R3ragWeights) -> float:
     """R = o + mean(s_t); see the module docstring."""
-    if traj.finish_reason in FORMAT_ERRORS:
-        steps, outcome = [*rels, w.format_error], 0.0
-    elif traj.finish_reason == "answer":
-        steps = [(w.right if right else w.wrong) * r for r in rels]
-        outcome = w.answer_right if right else 0.0
-    else:  # max_turns (or a generator error): no answer within the turn limit
-        steps, outcome = [w.no_answer * r for r in rels], 0.0
+    steps, outcome = r3rag_steps(traj, rels, right, w)
     return outcome + (sum(steps) / len(steps) if steps else 0.0)
+
+
+def search_turns(traj: Trajectory) -> list[int]:
+    """Indices in `traj.turns` of the model turns that searched (model turns and steps pair up in order)."""
+    model = [i for i, t in enumerate(traj.turns) if t.role == "model"]
+    return [i for i, s in zip(model, traj.steps) if s["kind"] == "search"]
 
 
 def gold_relevance(traj: Trajectory, example: dict) -> list[float]:
@@ -158,24 +179,54 @@ def gold_relevance(traj: Trajectory, example: dict) -> list[float]:
 # ---- scoring a batch -------------------------------------------------------------------------
 
 class RewardScorer:
-    """Computes every component that is logged or weighted, for a batch of trajectories."""
+    """Computes every component that is logged or weighted, for a batch of trajectories.
+    `step_credit`: the process components go per step, not into the trajectory reward (module docstring)."""
 
-    def __init__(self, weights: dict[str, float], settings: RewardSettings, protocol: Protocol):
+    def __init__(self, weights: dict[str, float], settings: RewardSettings, protocol: Protocol,
+                 step_credit: bool = False):
         check_settings(weights, settings)
         self.weights = {k: float(v) for k, v in weights.items()}
-        self.names = [*ALWAYS, *(k for k in self.weights if k not in ALWAYS)]
+        self.step_credit = step_credit
+        if step_credit:
+            check_step_credit(self.weights)
+        outcome = ["r3rag_outcome"] if step_credit and self.weights.get("r3rag") else []
+        self.names = [*ALWAYS, *(k for k in self.weights if k not in ALWAYS), *outcome]
         self.settings, self.protocol = settings, protocol
         self._relevance = None
         self._client = None
 
+    def trl_weights(self) -> dict[str, float]:
+        """The weight TRL gives each name: with step credit, the process components are logged
+        only (their steps are credited per token) and `r3rag_outcome` takes r3rag's weight."""
+        out = {n: self.weights.get(n, 0.0) for n in self.names}
+        if self.step_credit:
+            out.update({n: 0.0 for n in PROCESS if n in out})
+            if "r3rag_outcome" in out:
+                out["r3rag_outcome"] = self.weights["r3rag"]
+        return out
+
+    def process_weight(self) -> float:
+        """W: the summed weights of the process components (what the step advantages are scaled by)."""
+        return sum(self.weights.get(n, 0.0) for n in PROCESS)
+
+    def trajectory_reward(self, row: dict[str, float]) -> float:
+        """The weighted sum TRL computes from a row (before it normalises within the group)."""
+        return sum(w * row[n] for n, w in self.trl_weights().items() if w)
+
     def score(self, trajs: list[Trajectory], examples: list[dict]) -> list[dict[str, float]]:
+        return self.score_steps(trajs, examples)[0]
+
+    def score_steps(self, trajs: list[Trajectory], examples: list[dict]) -> tuple[list[dict], list[list]]:
+        """(rows, steps): a row of component values per trajectory, and with step credit its
+        weighted per-step process rewards as [turn index, x_k] pairs (else empty lists)."""
         needs_rel = "relevance" in self.names or "r3rag" in self.names
         rels = self.relevance()(trajs, examples) if needs_rel else [[] for _ in trajs]
         verdicts = self._verdicts(trajs, examples)
-        rows = []
+        rows, steps = [], []
         for t, ex, rel, verdict in zip(trajs, examples, rels, verdicts):
             row = {"em": exact_match_reward(t, ex), "f1": f1_reward(t, ex), "cover": cover_reward(t, ex),
                    "format": format_reward(t, self.protocol)}
+            right = {"em": row["em"], "cover": row["cover"], "judge": verdict}[self.settings.r3rag.correct]
             if "judge" in self.names:
                 row["judge"] = float(verdict)
             if "search_r1_format" in self.names:
@@ -184,10 +235,31 @@ class RewardScorer:
             if "relevance" in self.names:
                 row["relevance"] = sum(rel) / len(rel) if rel else 0.0
             if "r3rag" in self.names:
-                right = {"em": row["em"], "cover": row["cover"], "judge": verdict}[self.settings.r3rag.correct]
                 row["r3rag"] = r3rag_reward(t, rel, bool(right), self.settings.r3rag)
+            if "r3rag_outcome" in self.names:
+                row["r3rag_outcome"] = r3rag_steps(t, rel, bool(right), self.settings.r3rag)[1]
             rows.append(row)
-        return rows
+            steps.append(self._process_steps(t, rel, bool(right)) if self.step_credit else [])
+        return rows, steps
+
+    def _process_steps(self, t: Trajectory, rel: list[float], right: bool) -> list[list]:
+        """[turn index, x_k] for each model turn that earns a process reward."""
+        turns = search_turns(t)
+        if len(rel) > len(turns):  # e.g. IRCoT: the env searched the question before any model turn
+            raise UserError(f"rl.process_credit=step: trajectory {t.id!r} has {len(rel)} retrievals but "
+                            f"{len(turns)} search turns (this protocol retrieves without a model turn)")
+        x: dict[int, float] = {}
+        w_rel, w_r3 = self.weights.get("relevance", 0.0), self.weights.get("r3rag", 0.0)
+        if w_rel:
+            for i, r in zip(turns, rel):
+                x[i] = x.get(i, 0.0) + w_rel * r
+        if w_r3:
+            values, _ = r3rag_steps(t, rel, right, self.settings.r3rag)
+            model = [i for i, turn in enumerate(t.turns) if turn.role == "model"]
+            owners = turns[: len(rel)] + model[-1:] * (len(values) - len(rel))  # the format error: the last turn
+            for i, v in zip(owners, values):
+                x[i] = x.get(i, 0.0) + w_r3 * v
+        return [[i, v] for i, v in sorted(x.items())]
 
     def relevance(self):
         if self._relevance is None:
@@ -234,13 +306,29 @@ def check_settings(weights: dict, settings: RewardSettings) -> None:
         raise UserError(f"rl.reward.r3rag.correct: expected em, cover or judge, got {settings.r3rag.correct!r}")
 
 
+def check_step_credit(weights: dict[str, float]) -> None:
+    if any(weights.get(n, 0.0) < 0 for n in PROCESS) or not sum(weights.get(n, 0.0) for n in PROCESS) > 0:
+        raise UserError("rl.process_credit=step: give relevance or r3rag a positive weight in rl.rewards "
+                        "(their per-step rewards are what is credited per step)")
+
+
+def group_has_signal(scorer: RewardScorer, rows: list[dict], steps: list[list]) -> bool:
+    """Whether a group of one prompt's rollouts gives any advantage: their trajectory rewards
+    differ, or (step credit) their per-step process rewards do. A group without it only dilutes
+    the batch (DAPO's dynamic sampling drops it)."""
+    rewards = {round(scorer.trajectory_reward(r), 9) for r in rows}
+    step_values = {round(v, 9) for s in steps for _, v in s}
+    return len(rewards) > 1 or len(step_values) > 1
+
+
 def trl_reward_funcs(scorer: RewardScorer):
     """One TRL reward function per component, reading the scores the rollout computed.
 
     TRL gathers them across processes, logs `rewards/<name>/mean` and sums them with the
-    weights (names not in the weights get weight 0: logged only). The first function also
-    logs the rollout statistics through TRL's `log_metric` hook."""
-    funcs, weights = [], []
+    weights (`RewardScorer.trl_weights`: names not in the weights, and with step credit the
+    process components, get weight 0: logged only). The first function also logs the rollout
+    statistics through TRL's `log_metric` hook."""
+    funcs = []
     for i, name in enumerate(scorer.names):
         def reward(prompts, completions, scores, log_metric=None, _name=name, _first=i == 0, **kw):
             if _first and log_metric is not None:
@@ -250,8 +338,7 @@ def trl_reward_funcs(scorer: RewardScorer):
 
         reward.__name__ = name
         funcs.append(reward)
-        weights.append(scorer.weights.get(name, 0.0))
-    return funcs, weights
+    return funcs, list(scorer.trl_weights().values())
 
 
 def rollout_stats(fields: dict) -> dict[str, float]:
@@ -263,4 +350,6 @@ def rollout_stats(fields: dict) -> dict[str, float]:
         out[f"rollout/finish_{r}"] = sum(x == r for x in reasons) / n
     for key, value in (fields.get("timing") or [{}])[0].items():
         out[f"time/{key}"] = value
+    for key, value in (fields.get("sampling") or [{}])[0].items():  # dynamic sampling's counts
+        out[f"rollout/{key}"] = value
     return out

@@ -11,6 +11,19 @@ Large vocabularies keep TRL's chunked head, which avoids materialising the logit
 resumed in epoch e builds a fresh sampler, which would deal epoch 0's order again (the Trainer
 restores the global RNG states, not a sampler's own generator). `EpochReplaySampler` draws
 epoch e's order from the seed and e alone, the same orders TRL draws in an unbroken run.
+
+`R3ragGRPOTrainer`: the resumable trainer `r3rag rl` builds, plus two things:
+- `extra_logs`: values merged into the next log line (the dev evaluation a callback runs
+  between a step's end and that step's log), so metrics.jsonl, TensorBoard and W&B get them.
+- per-step credit (`step_credit_weight` W > 0, `rl.process_credit=step`): the rollout function
+  returns `step_credit`, per completion the [start, end, x] token spans of its search steps and
+  their process rewards; `step_advantages` normalises them within each prompt's group and adds
+  them to TRL's per-trajectory advantage on those tokens only. TRL has no public hook for
+  per-token advantages, so this overrides the internal `GRPOTrainer._generate_and_score_completions`
+  (its output's `advantages`, shape (B,)) and relies on `_compute_loss` taking a (B, T)
+  `advantages` (TRL's comment there says subclasses may provide one);
+  tests/test_rl_dynamics.py checks both against the installed TRL. Environment tokens keep
+  `tool_mask` 0: whatever their advantage, they get no loss.
 """
 
 from __future__ import annotations
@@ -69,3 +82,72 @@ class EpochReplaySampler(Sampler):
 class ResumableGRPOTrainer(GRPOTrainer):
     def _get_train_sampler(self, dataset=None) -> Sampler:
         return EpochReplaySampler(super()._get_train_sampler(dataset))
+
+
+class R3ragGRPOTrainer(ResumableGRPOTrainer):
+    def __init__(self, *args, step_credit_weight: float = 0.0, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.extra_logs: dict[str, float] = {}
+        self.step_credit_weight = step_credit_weight
+        self._spans: list[list] = []
+        if step_credit_weight and self.rollout_func is not None:
+            inner = self.rollout_func
+
+            def keep_spans(prompts, trainer):  # the spans stay here: they are not a reward function's input
+                out = inner(prompts, trainer)
+                self._spans = out.pop("step_credit")
+                return out
+
+            self.rollout_func = keep_spans
+
+    def log(self, logs: dict[str, float], start_time: float | None = None) -> None:
+        logs.update(self.extra_logs)
+        self.extra_logs.clear()
+        super().log(logs, start_time)
+
+    def _generate_and_score_completions(self, inputs):
+        out = super()._generate_and_score_completions(inputs)
+        if not self.step_credit_weight or not self.model.training:
+            return out
+        from accelerate.utils import gather_object
+
+        spans = gather_object(self._spans)  # groups may span processes: normalise over the whole batch
+        adv = step_advantages(spans, out["completion_ids"].shape[1], self.num_generations, self.step_credit_weight,
+                              self.scale_rewards)
+        rank = self.accelerator.process_index
+        local = adv[rank * len(inputs): (rank + 1) * len(inputs)].to(out["advantages"])
+        out["advantages"] = out["advantages"].unsqueeze(1) + local
+        return out
+
+
+def step_advantages(spans: list[list], width: int, group: int, weight: float, scale: str) -> torch.Tensor:
+    """Per-token process advantages, (len(spans), width), for a whole batch in TRL's order.
+
+    `spans[i]`: [start, end, x] for each credited step of completion i: tokens [start, end) of its
+    completion, x its weighted process reward. Within each group of `group` consecutive
+    completions (one prompt's), every step's y = x / W (W = `weight`, the process components'
+    summed weight) is centred on the mean over the group's steps, divided by their std (the
+    batch's steps' with scale "batch", nothing with "none") as GRPO does rewards (DeepSeekMath's
+    process supervision), and scaled back by W so the weights set how much the process counts
+    next to the outcome. A step's tokens get its value; all other tokens 0."""
+    out = torch.zeros(len(spans), width)
+    ys = [[x / weight for *_, x in s] for s in spans]
+    batch_std = _std([y for row in ys for y in row])
+    for g in range(0, len(spans), group):
+        vals = [y for row in ys[g: g + group] for y in row]
+        if not vals:
+            continue
+        mean = sum(vals) / len(vals)
+        std = {"group": _std(vals), "batch": batch_std}.get(scale)
+        for i in range(g, min(g + group, len(spans))):
+            for (start, end, _), y in zip(spans[i], ys[i]):
+                centred = y - mean
+                out[i, start:end] = weight * (centred if std is None else centred / (std + 1e-4))
+    return out
+
+
+def _std(values: list[float]) -> float:
+    """Sample std as TRL computes it for rewards; 0 for fewer than two values."""
+    if len(values) < 2:
+        return 0.0
+    return torch.tensor(values, dtype=torch.float64).std().item()

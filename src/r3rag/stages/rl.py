@@ -8,6 +8,20 @@ components (em, f1, cover, format, search_r1_format, judge, relevance, r3rag: se
 only. Starts from an SFT policy artifact, or from any transformers model (`model=`, the
 Search-R1 recipe: RL from a base model).
 
+Against flat or collapsing GRPO (each off by default; the seed papers' recipes in pipelines/):
+a small KL term (`beta`, 0.001 in Search-R1 and DeepSeek-R1), clip-higher (`epsilon_high`,
+DAPO: 0.28), Dr. GRPO (`loss_type=dr_grpo` with `scale_rewards=none`), DAPO's dynamic sampling
+(`dynamic_sampling`: groups whose rollouts all score the same are replaced by fresh questions,
+at most `dynamic_sampling_rounds` refills a step), and per-step credit for the process reward
+(`process_credit=step`: each search step's relevance reward goes to that step's tokens instead
+of being folded into the trajectory's number; see `r3rag.rewards` and `r3rag.trainers`).
+
+Dev evaluation: `eval_every=N` answers `eval_limit` dev questions greedily (the world's
+`dev.jsonl`, or `eval_questions`) before training, every N steps and at the last, through the
+same env loop; `dev/em` and `dev/f1` go into that step's metrics.jsonl line beside the
+training reward. `keep=best_dev` publishes the best step's weights instead of the last; the
+manifest records `kept_step` and `kept_dev_em` either way.
+
 Checkpoints go to `runs/rl/.work-<id>/` every `save_steps`; after a crash or a kill,
 `r3rag rl --resume` (same settings) continues from the last one. The artifact holds the
 policy (`model/`, merged when trained with LoRA), `metrics.jsonl` (one line per step),
@@ -19,6 +33,8 @@ Usage:
     r3rag rl --set rewards='{r3rag: 1.0, em: 0}' --set reward.relevance=embedding
     r3rag rl --set retriever=http://127.0.0.1:8000 --set index=    # search through a retrieval server
     r3rag rl --resume                                               # continue a killed run
+    r3rag rl --set eval_every=10 --set keep=best_dev                # publish the best step on dev
+    r3rag rl --set dynamic_sampling=true --set epsilon_high=0.28 --set beta=0.001
     accelerate launch --config_file pipelines/accelerate/cpu-2proc.yaml -m r3rag.cli rl --set steps=4
 """
 
@@ -29,6 +45,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from r3rag.artifacts import ArtifactRef, load_manifest
 from r3rag.errors import UserError
@@ -39,7 +56,8 @@ from r3rag.rewards import RewardSettings
 from r3rag.stages.common import FILE, Context, add_model_input, load_questions, model_location, resolve_inputs, set_threads
 from r3rag.training import LoraSettings, load_protocol_dict, save_policy
 
-INPUTS = {"policy": "sft", "world": "world", "index": "index", "questions": FILE}
+INPUTS = {"policy": "sft", "world": "world", "index": "index", "questions": FILE,
+          "eval_questions": FILE}
 
 
 @dataclass
@@ -71,10 +89,19 @@ class Config:
     warmup_ratio: float = 0.0
     weight_decay: float = 0.0
     max_grad_norm: float = 1.0
-    beta: float = 0.0  # KL coefficient (0: no reference model)
-    loss_type: str = "dapo"  # TRL: grpo, dapo, dr_grpo, bnpo...
-    scale_rewards: str = "group"  # group, batch or none
-    epsilon: float = 0.2
+    beta: float = 0.0  # KL coefficient (0: no reference model; Search-R1 and DeepSeek-R1 use 0.001)
+    # TRL's loss normalisation: dapo (tokens of the whole batch), grpo (per sequence), dr_grpo (Dr. GRPO: a
+    # constant, max_completion_tokens), bnpo (tokens of the local batch); cispo, sapo, luspo, vespo: TRL's others
+    loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo"] = "dapo"
+    # advantage = reward - group mean, divided by the group's std (group), the batch's (batch) or nothing
+    # (none: Dr. GRPO, no question-difficulty bias)
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    epsilon: float = 0.2  # clip range of the probability ratio
+    epsilon_high: float | None = None  # upper clip bound (clip-higher; DAPO: 0.28); None = epsilon
+    dynamic_sampling: bool = False  # DAPO: replace groups whose rewards have zero variance with fresh questions
+    dynamic_sampling_rounds: int = 4  # refill rounds per rollout batch before flat groups are let through
+    # process reward (relevance, r3rag): folded into the trajectory's reward, or credited to each search step's tokens
+    process_credit: Literal["trajectory", "step"] = "trajectory"
     # rollouts
     temperature: float = 1.0
     top_p: float = 1.0
@@ -96,6 +123,11 @@ class Config:
     lora_settings: LoraSettings = field(default_factory=LoraSettings)
     bf16: bool | str = "auto"  # true, false or auto (bf16 where supported)
     gradient_checkpointing: bool = False
+    # dev evaluation during training
+    eval_every: int = 0  # greedy dev EM every N steps (and before the first, and at the last); 0 = off
+    eval_questions: str = ""  # a question JSONL file; "" = the world's dev.jsonl
+    eval_limit: int = 200  # dev questions evaluated (0 = all)
+    keep: Literal["last", "best_dev"] = "last"  # the published policy: the last step, or the best on dev
     # observe and resume
     save_steps: int = 10  # checkpoint every N steps (0 = never)
     keep_checkpoints: int = 2
@@ -106,9 +138,16 @@ class Config:
     seed: int = 0
 
 
+def validate(cfg: Config) -> None:
+    from r3rag.grpo import check_settings
+
+    check_settings(cfg)
+
+
 def run(cfg: Config, ctx: Context):
     from accelerate import PartialState
 
+    validate(cfg)
     skip = {"index"} if is_url(cfg.retriever) else set()
     skip |= {"policy"} if cfg.model else set()
     skip |= {"world"} if cfg.questions else set()
@@ -125,6 +164,7 @@ def run(cfg: Config, ctx: Context):
 
     # One process, or one of `accelerate launch`'s; on CPU only cpu=True joins the gloo group.
     state = PartialState(cpu=not torch.cuda.is_available())
+    dev = _dev_questions(cfg, inputs)  # a missing dev split fails before any work
     work = writer.final.parent / f".work-{writer.id}"
     resume_from = _prepare_work(work, cfg.resume, state)
     model, tokenizer, protocol_dict, base = _start(cfg, inputs)
@@ -132,7 +172,7 @@ def run(cfg: Config, ctx: Context):
     if state.is_main_process:
         ctx.console.print(f"rl: rollouts with {f'vLLM ({backend})' if backend else 'transformers'}")
     t0 = time.time()
-    trainer = _trainer(cfg, model, tokenizer, protocol_dict, questions, inputs, work, state.process_index)
+    trainer = _trainer(cfg, model, tokenizer, protocol_dict, questions, dev, inputs, work, state.process_index)
     trainer.train(resume_from_checkpoint=resume_from)
     trainer.save_model(str(work / "final"))  # on every rank: gathers ZeRO-3 / FSDP shards
     if not state.is_main_process:
@@ -140,10 +180,12 @@ def run(cfg: Config, ctx: Context):
         return ArtifactRef("rl", writer.id, writer.final, load_manifest(writer.final) or {})
     with writer:
         writer.started = t0  # the manifest's `seconds` covers training, not only publishing
-        _publish(work, writer.dir, tokenizer, protocol_dict, base, cfg)
+        kept = _kept(cfg, work, trainer.state.global_step)
+        _publish(work, kept["source"], writer.dir, tokenizer, protocol_dict, base, cfg)
         writer.metrics.update(summarize(read_jsonl(writer.dir / "metrics.jsonl", allow_empty=True)))
         writer.metrics.update({"train_seconds": round(time.time() - t0, 1), "processes": state.num_processes,
                                "resumed_from_step": _step_of(resume_from)})
+        writer.metrics.update({k: v for k, v in kept.items() if k != "source"})
     shutil.rmtree(work, ignore_errors=True)
     state.wait_for_everyone()
     return ctx.done(writer)
@@ -217,25 +259,57 @@ def _questions(cfg: Config, inputs) -> list[dict]:
     return questions[: cfg.limit] if cfg.limit else questions
 
 
-def _trainer(cfg, model, tokenizer, protocol_dict, questions, inputs, work: Path, rank: int):
+def _dev_questions(cfg: Config, inputs) -> list[dict]:
+    """The questions `eval_every` evaluates on: `eval_questions`, else the world's dev.jsonl."""
+    if not cfg.eval_every:
+        return []
+    if "eval_questions" in inputs:
+        return load_questions(inputs["eval_questions"].path, limit=cfg.eval_limit)
+    path = inputs["world"].path / "dev.jsonl" if "world" in inputs else None
+    if path is None or not path.is_file():
+        where = (f"the world artifact {inputs['world'].path} has no dev.jsonl" if path
+                 else "rl.questions gives no dev split")
+        raise UserError(f"rl.eval_every: {where}; set rl.eval_questions to a question JSONL file (or eval_every=0)")
+    questions = read_jsonl(path, required=("id", "question", "golden_answers"))
+    return questions[: cfg.eval_limit] if cfg.eval_limit else questions
+
+
+def _trainer(cfg, model, tokenizer, protocol_dict, questions, dev, inputs, work: Path, rank: int):
     from r3rag.grpo import build_trainer
     from r3rag.observe import MetricsLog, RolloutSampler
     from r3rag.rewards import RewardScorer
 
     protocol = Protocol(**protocol_dict)
-    scorer = RewardScorer(cfg.rewards, cfg.reward, protocol)
+    scorer = RewardScorer(cfg.rewards, cfg.reward, protocol, step_credit=cfg.process_credit == "step")
     retriever = open_retriever(cfg.retriever, inputs.get("index"))
     sampler = RolloutSampler(work / f"rollouts.rank{rank}.jsonl", cfg.rollout_samples, rank)
     return build_trainer(model, tokenizer, questions, retriever, protocol, scorer, cfg, work,
-                         callbacks=[MetricsLog(work / "metrics.jsonl")], sampler=sampler)
+                         callbacks=[MetricsLog(work / "metrics.jsonl")], sampler=sampler, dev_questions=dev)
 
 
-def _publish(work: Path, out: Path, tokenizer, protocol_dict: dict, base: str, cfg: Config) -> None:
-    """Policy (LoRA merged), metrics.jsonl, rollouts.jsonl and reward_curves.png into the artifact."""
+def _kept(cfg: Config, work: Path, last_step: int) -> dict:
+    """Which weights to publish (`source`) and what the manifest says about them: the step kept and
+    its dev EM, the dev EM before training and the best step's (when dev was evaluated)."""
+    import json
+
+    dev_file = work / "dev.json"
+    record = json.loads(dev_file.read_text()) if dev_file.is_file() else {}
+    if not record:
+        return {"source": work / "final", "kept_step": last_step}
+    best, last = record["best"], record["last"]
+    kept = best if cfg.keep == "best_dev" else last
+    source = work / f"best-{best['step']}" if cfg.keep == "best_dev" else work / "final"
+    return {"source": source, "kept_step": kept["step"], "kept_dev_em": kept["dev/em"],
+            "start_dev_em": record.get("start", {}).get("dev/em"), "best_dev_step": best["step"],
+            "best_dev_em": best["dev/em"]}
+
+
+def _publish(work: Path, final: Path, out: Path, tokenizer, protocol_dict: dict, base: str, cfg: Config) -> None:
+    """Policy `final` (the last step's or the best on dev; LoRA merged), metrics.jsonl,
+    rollouts.jsonl and reward_curves.png into the artifact."""
     from r3rag.modeling import load_model
     from r3rag.observe import merge_rollouts, plot_rewards
 
-    final = work / "final"
     if (final / "adapter_config.json").exists():
         from peft import PeftModel
 
@@ -257,7 +331,7 @@ def summarize(rows: list[dict]) -> dict:
     if not rows:
         return {}
     keys = [k for k in rows[-1] if k == "reward" or k.startswith(("rewards/", "rollout/"))
-            and not k.endswith("/std")] + [k for k in ("kl", "entropy") if k in rows[-1]]
+            and not k.endswith("/std")] + [k for k in ("kl", "entropy", "dev/em", "dev/f1") if k in rows[-1]]
     out = {"steps": rows[-1]["step"]}
     for k in keys:
         vals = [r[k] for r in rows if r.get(k) is not None]

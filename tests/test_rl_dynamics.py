@@ -1,0 +1,400 @@
+"""GRPO that keeps learning (issue 17): the anti-collapse settings reach TRL, DAPO's dynamic
+sampling drops flat groups and refills them, per-step credit puts each search step's relevance
+on that step's tokens (documents still masked), and `rl` evaluates on dev during training and
+can publish the best step."""
+
+import contextlib
+import json
+
+import pytest
+import torch
+
+from r3rag.env import EnvConfig, run_rollouts
+from r3rag.errors import UserError
+from r3rag.generation.scripted import ScriptedGenerator
+from r3rag.grpo import dynamic_sample, rollout_batch, step_spans
+from r3rag.modeling import tiny_model, train_word_tokenizer
+from r3rag.protocol import Protocol
+from r3rag.retrieval.bm25 import BM25Retriever
+from r3rag.rewards import RewardScorer, RewardSettings
+from r3rag.trainers import step_advantages
+from tests.cli_helpers import assert_one_line_error, r3rag
+from tests.test_rl_correctness import searching_policy  # noqa: F401 (a fixture: an SFT policy that searches)
+
+DOCS = [{"id": "p1", "title": "Ava Smith", "text": "Ava Smith works for Zentro Labs ."},
+        {"id": "c1", "title": "Zentro Labs", "text": "Zentro Labs is headquartered in Velmar ."}]
+P = Protocol(template="minimal", doc_style="plain")
+Q = {"id": "q", "question": "Where is it ?", "golden_answers": ["Velmar"],
+     "metadata": {"supporting_docs": ["p1", "c1"]}}
+RIGHT = ["<search> Ava Smith works </search>", "<search> Zentro Labs headquartered </search>",
+         "<answer> Velmar </answer>"]
+LOST = ["<search> Ava Smith works </search>", "<search> Ava Smith </search>", "<search> Smith </search>"]
+
+
+def _tokenizer():
+    return train_word_tokenizer([d["text"] for d in DOCS] + ["Question : Where is it ? and more words", "<eos>"])
+
+
+def _rollout(tok, script):
+    gen = ScriptedGenerator(lambda t: script[t.model_turn_count()], tok)
+    return run_rollouts([Q], gen, BM25Retriever.build(DOCS), P, EnvConfig(top_k=1, max_turns=3), tok)[0]
+
+
+def _config(**kw):
+    from r3rag.stages.rl import Config
+
+    return Config(**{"steps": 1, "prompts_per_step": 1, "num_generations": 2, "bf16": False, "save_steps": 0,
+                     "vllm": "", **kw})
+
+
+# ---- 1. settings against flat or collapsing GRPO reach TRL -----------------------------------
+
+def test_clip_higher_kl_and_loss_normalisation_reach_trls_config(tmp_path):
+    from r3rag.grpo import build_trainer
+
+    from r3rag.modeling import load_model
+
+    tok = _tokenizer()
+    tiny_model(tok, layers=1, hidden=32, heads=2, intermediate=64).save_pretrained(tmp_path / "m")
+    cfg = _config(epsilon=0.2, epsilon_high=0.28, beta=0.001, loss_type="dr_grpo", scale_rewards="none")
+    scorer = RewardScorer({"em": 1.0}, RewardSettings(), P)
+    # beta > 0: TRL loads a reference model from the policy's path (as the stage's policies have)
+    trainer = build_trainer(load_model(tmp_path / "m"), tok, [Q], None, P, scorer, cfg, tmp_path)
+    assert (trainer.args.epsilon, trainer.args.epsilon_high) == (0.2, 0.28)
+    assert (trainer.epsilon_low, trainer.epsilon_high) == (0.2, 0.28)  # what TRL's loss clips with
+    assert trainer.args.beta == trainer.beta == 0.001 and trainer.ref_model is not None  # beta > 0: a reference
+    assert trainer.args.loss_type == trainer.loss_type == "dr_grpo"
+    assert trainer.args.scale_rewards == trainer.scale_rewards == "none"
+    default = build_trainer(tiny_model(tok, layers=1, hidden=32, heads=2, intermediate=64), tok, [Q], None, P,
+                            scorer, _config(), tmp_path / "d")
+    assert default.epsilon_high == default.epsilon_low == 0.2  # None: TRL's symmetric clip
+
+
+def test_the_new_settings_are_in_the_artifact_hash_and_checked(tmp_path):
+    from r3rag.config import build_config
+    from r3rag.stages.common import Context
+    from r3rag.stages.rl import INPUTS, Config, validate
+
+    ctx = Context(runs_dir=tmp_path)
+    base = ctx.writer("rl", Config(), {}, INPUTS).id
+    for change in ({"epsilon_high": 0.28}, {"dynamic_sampling": True}, {"dynamic_sampling_rounds": 2},
+                   {"process_credit": "step"}, {"eval_every": 5}, {"eval_limit": 50}, {"keep": "best_dev"},
+                   {"scale_rewards": "none"}, {"loss_type": "dr_grpo"}):
+        assert ctx.writer("rl", Config(**change), {}, INPUTS).id != base, change
+    for bad, needle in ((("keep", "best"), "allowed: last, best_dev"), (("scale_rewards", "std"), "allowed: group"),
+                        (("process_credit", "turn"), "allowed: trajectory, step")):
+        with pytest.raises(UserError, match=needle):
+            build_config(Config, {bad[0]: bad[1]})
+    for cfg, needle in ((Config(keep="best_dev"), "set rl.eval_every"),
+                        (Config(epsilon_high=0.1), "rl.epsilon_high: expected at least"),
+                        (Config(process_credit="step", loss_type="vespo"), "weighs whole sequences"),
+                        (Config(eval_every=-1), "rl.eval_every: expected 0 or more")):
+        with pytest.raises(UserError, match=needle):
+            validate(cfg)
+    with pytest.raises(UserError, match="positive weight"):
+        RewardScorer({"em": 1.0}, RewardSettings(), P, step_credit=True)
+
+
+# ---- 2. DAPO dynamic sampling ----------------------------------------------------------------
+
+def _fixed_roll(flat: set[str]):
+    """Rollouts scored by a fixed rule: the questions in `flat` score 0 in every sample, the
+    others 0 and 1 alternately (a group with signal). Records every question rolled out."""
+    seen = []
+
+    def roll(exs):
+        seen.extend(e["id"] for e in exs)
+        rows = [{"em": 0.0 if e["id"] in flat else float(i % 2)} for i, e in enumerate(exs)]
+        return exs, [f"traj-{e['id']}" for e in exs], rows, [[] for _ in exs]
+
+    return roll, seen
+
+
+def _signal(part):
+    return len({r["em"] for r in part[2]}) > 1
+
+
+def test_dynamic_sampling_drops_flat_groups_and_refills_from_new_questions():
+    from r3rag.grpo import fresh_questions
+
+    pool = [{"id": f"q{i}"} for i in range(8)]
+    roll, seen = _fixed_roll(flat={"q0", "q2", "q3", "q5"})
+    batch = [pool[0], pool[0], pool[1], pool[1]]  # two groups of 2: q0 (flat) and q1
+    (examples, trajs, rows, _), stats = dynamic_sample(batch, 2, roll, fresh_questions(pool, batch, 0, 0, 0),
+                                                       _signal, max_rounds=8)
+    groups = [examples[i]["id"] for i in range(0, 4, 2)]
+    assert len(examples) == len(trajs) == len(rows) == 4 and examples[0] == examples[1] and examples[2] == examples[3]
+    assert "q0" not in groups and "q1" in groups  # the flat group went, the other stayed
+    assert all(_signal((None, None, rows[i: i + 2])) for i in range(0, 4, 2))  # every group has an advantage
+    assert stats["dropped_groups"] >= 1 and stats["refill_rounds"] >= 1 and stats["flat_groups"] == 0
+    refills = seen[4:]
+    assert refills and not set(refills) & {"q0", "q1"}  # refills are new questions, G copies each
+    assert all(refills[i] == refills[i + 1] for i in range(0, len(refills), 2))
+    assert trajs == [f"traj-{e['id']}" for e in examples]  # the lists stay parallel
+
+
+def test_dynamic_sampling_stops_at_the_round_cap_and_fills_with_flat_groups():
+    from r3rag.grpo import fresh_questions
+
+    pool = [{"id": f"q{i}"} for i in range(10)]
+    roll, seen = _fixed_roll(flat={p["id"] for p in pool})
+    batch = [pool[0]] * 2 + [pool[1]] * 2
+    (examples, _, rows, _), stats = dynamic_sample(batch, 2, roll, fresh_questions(pool, batch, 0, 0, 0),
+                                                   _signal, max_rounds=2)
+    assert len(examples) == 4 and stats == {"dropped_groups": 6, "refill_rounds": 2, "flat_groups": 2}
+    assert len(seen) == 4 + 2 * 2 * 2  # the batch, then two rounds of two fresh groups: no more
+    (_, _, _, _), off = dynamic_sample(batch, 2, roll, fresh_questions(pool, batch, 0, 0, 0), _signal, max_rounds=0)
+    assert off["refill_rounds"] == 0
+
+
+def test_the_rollout_func_refills_flat_groups_with_fresh_questions_and_their_prompts(monkeypatch):
+    """Through `make_rollout_func` with a scripted policy: a question it always gets wrong is a
+    flat group and is replaced; TRL gets the refilled questions' prompt ids, and the counts
+    reach the logged rollout statistics."""
+    from types import SimpleNamespace
+
+    from r3rag import grpo
+    from r3rag.rewards import rollout_stats
+
+    tok = _tokenizer()
+    questions = [{**Q, "id": f"q{i}", "question": f"Where is it ? {'and more words ' * i}".strip()}
+                 for i in range(4)]
+    answers = {q["question"]: "Velmar" if q["id"] != "q0" else "Dunmore" for q in questions}
+    calls = []
+
+    def script(t):  # q0 always wrong; the others right on every other trajectory: a group with signal
+        calls.append(t.id)
+        return f"<answer> {answers[t.question] if len(calls) % 2 else 'Dunmore'} </answer>"
+
+    monkeypatch.setattr(grpo, "generator", lambda *a: contextlib.nullcontext(ScriptedGenerator(script, tok)))
+    scorer = RewardScorer({"em": 1.0}, RewardSettings(), P)
+    cfg = _config(prompts_per_step=2, dynamic_sampling=True, dynamic_sampling_rounds=3)
+    rollout = grpo.make_rollout_func(questions, None, P, tok, scorer, cfg)
+    prompts = [P.context_prompt(questions[i]["question"], tok) for i in (0, 0, 1, 1)]
+    trainer = SimpleNamespace(state=SimpleNamespace(global_step=0), accelerator=SimpleNamespace(process_index=0))
+    out = rollout(prompts, trainer)
+    kept = [json.dumps(p) for p in out["prompt_ids"]]
+    ems = [s["em"] for s in out["scores"]]
+    assert len(kept) == 4 and kept[0] == kept[1] and kept[2] == kept[3]
+    q0_ids = json.dumps(tok.encode(prompts[0], add_special_tokens=False))
+    assert q0_ids not in kept  # the flat group is gone
+    assert ems[0] != ems[1] and ems[2] != ems[3]
+    stats = rollout_stats({"finish_reason": out["finish_reason"], "num_searches": out["num_searches"],
+                           "sampling": [out["sampling"]]})
+    assert stats["rollout/dropped_groups"] == 1 and stats["rollout/refill_rounds"] == 1
+    with pytest.raises(RuntimeError, match="whole groups"):
+        rollout(prompts[1:] + prompts[:1], trainer)
+
+
+# ---- 3. per-step credit for the process reward -----------------------------------------------
+
+def test_process_steps_belong_to_the_turn_that_searched():
+    tok = _tokenizer()
+    right, lost = _rollout(tok, RIGHT), _rollout(tok, LOST)
+    scorer = RewardScorer({"em": 1.0, "relevance": 0.5}, RewardSettings(), P, step_credit=True)
+    rows, steps = scorer.score_steps([right, lost], [Q, Q])
+    assert [t.role for t in right.turns] == ["model", "env", "model", "env", "model"]
+    assert steps[0] == [[0, 0.5], [2, 0.5]]  # both searches found a new gold document
+    assert steps[1] == [[0, 0.5], [2, 0.0]]  # the second found the same one again (the third got no documents)
+    assert rows[0]["relevance"] == 1.0 and scorer.trl_weights()["relevance"] == 0.0  # logged, not folded in
+    r3 = RewardScorer({"r3rag": 1.0, "em": 0.0}, RewardSettings(), P, step_credit=True)
+    rows, steps = r3.score_steps([right], [Q])
+    assert steps[0] == [[0, 1.6], [2, 1.6]] and rows[0]["r3rag_outcome"] == 2.0  # R3-RAG's right-answer steps
+    assert r3.trl_weights() == {"em": 0.0, "f1": 0.0, "cover": 0.0, "format": 0.0, "r3rag": 0.0, "r3rag_outcome": 1.0}
+
+
+def test_step_spans_cover_exactly_the_search_turns_tokens():
+    tok = _tokenizer()
+    right = _rollout(tok, RIGHT)
+    batch = rollout_batch([right], tok.eos_token_id, 512, steps=[[[0, 1.0], [2, 0.25]]])
+    (spans,), (mask,) = batch["step_credit"], batch["env_mask"]
+    n0, n1, n2 = (len(right.turns[i].ids) for i in range(3))
+    assert spans == [[0, n0, 1.0], [n0 + n1, n0 + n1 + n2, 0.25]]
+    for start, end, _ in spans:
+        assert set(mask[start:end]) == {1}  # model tokens only
+    assert step_spans(right, [[2, 1.0]], n0 + n1 + 2) == [[n0 + n1, n0 + n1 + 1, 1.0]]  # cut by the budget (EOS last)
+
+
+def test_step_advantages_are_normalised_within_each_group():
+    spans = [[[0, 2, 1.0], [2, 4, 1.0]], [[0, 2, 1.0], [3, 4, 0.0], [4, 5, 0.0]],  # group 1: steps 1 1 | 1 0 0
+             [[0, 1, 0.5]], [[0, 1, 0.5]]]  # group 2: all equal, no advantage
+    adv = step_advantages(spans, 6, group=2, weight=1.0, scale="group")
+    hi, lo = (1 - 0.6) / (0.3 ** 0.5 + 1e-4), (0 - 0.6) / (0.3 ** 0.5 + 1e-4)
+    torch.testing.assert_close(adv[0], torch.tensor([hi, hi, hi, hi, 0, 0]))
+    torch.testing.assert_close(adv[1], torch.tensor([hi, hi, 0, lo, lo, 0]))
+    assert adv[2:].abs().sum() == 0
+    raw = step_advantages([[[0, 1, 2.0]], [[0, 1, 0.0]]], 2, group=2, weight=2.0, scale="none")
+    torch.testing.assert_close(raw, torch.tensor([[1.0, 0.0], [-1.0, 0.0]]))  # x - mean: weights kept as given
+    twice = step_advantages(spans, 6, group=2, weight=2.0, scale="group")
+    torch.testing.assert_close(twice, 2 * adv, rtol=1e-3, atol=1e-6)  # W sets the process's share next to the outcome
+
+
+def test_step_credit_through_trl_gives_each_search_its_relevance_and_masks_the_documents(tmp_path):
+    """Through TRL's GRPOTrainer (relying on its internal `_generate_and_score_completions`
+    returning `advantages` of shape (B,), and on `_compute_loss` taking (B, T)): the
+    advantage on a search turn's tokens is the trajectory's (EM) plus that step's normalised
+    relevance, the answer turn keeps the trajectory's, and the documents get exactly zero
+    gradient whatever their advantage."""
+    from trl import GRPOTrainer
+
+    from r3rag.grpo import build_trainer
+
+    assert hasattr(GRPOTrainer, "_generate_and_score_completions")  # the internal R3ragGRPOTrainer extends
+    tok = _tokenizer()
+    trajs = [_rollout(tok, RIGHT), _rollout(tok, LOST)]
+    scorer = RewardScorer({"em": 1.0, "relevance": 1.0}, RewardSettings(), P, step_credit=True)
+    cfg = _config(process_credit="step", lr=1e-3)
+    model = tiny_model(tok, layers=1, hidden=32, heads=2, intermediate=64)
+    trainer = build_trainer(model, tok, [Q], None, P, scorer, cfg, tmp_path)
+    rows, steps = scorer.score_steps(trajs, [Q, Q])
+    batch = rollout_batch(trajs, tok.eos_token_id, 512, steps=steps)
+    trainer.rollout_func = lambda prompts, tr: {**{k: v for k, v in batch.items() if k != "step_credit"},
+                                                "scores": rows, "timing": {}}
+    trainer._spans = batch["step_credit"]  # what the wrapped rollout_func keeps for the advantages
+    seen = []
+    compute = trainer._compute_loss
+    trainer._compute_loss = lambda m, inputs: seen.append(inputs) or compute(m, inputs)
+    captured = []
+
+    def keep_hidden(module, inputs, output):
+        if output.requires_grad:
+            output.retain_grad()
+            captured.append(output)
+
+    model.model.norm.register_forward_hook(keep_hidden)
+    trainer.train()
+    (inputs,), (hidden,) = seen, captured
+    adv, tool_mask, ids = inputs["advantages"], inputs["tool_mask"], inputs["completion_ids"]
+    assert adv.dim() == 2
+    traj_adv = 0.5 / (0.5 ** 0.5 + 1e-4)  # EM 1 vs 0: (r - mean) / (std + eps)
+    hi, lo = (1 - 0.75) / (0.5 + 1e-4), (0 - 0.75) / (0.5 + 1e-4)  # relevance 1 1 | 1 0 over the group's steps
+    credited = [{0: hi, 2: hi}, {0: hi, 2: lo}]  # model turn -> its step's advantage (LOST's 3rd: no documents)
+    n_prompt = len(trajs[0].prompt_ids)
+    grad = hidden.grad.abs().sum(-1)
+    for i, (traj, base) in enumerate(zip(trajs, (traj_adv, -traj_adv))):
+        want = torch.tensor(batch["completion_ids"][i])
+        (row,) = [r for r in range(len(ids)) if torch.equal(ids[r, : len(want)], want)]  # TRL shuffles the rows
+        starts = [sum(len(t.ids) for t in traj.turns[:k]) for k in range(len(traj.turns) + 1)]
+        for k, t in enumerate(traj.turns):
+            span = slice(starts[k], starts[k + 1])
+            if t.role == "model":  # a search step: the trajectory's advantage plus its own; the rest: the trajectory's
+                expect = base + credited[i].get(k, 0.0)
+                torch.testing.assert_close(adv[row, span], torch.full_like(adv[row, span], expect), rtol=1e-4,
+                                           atol=1e-4)
+            else:
+                assert tool_mask[row, span].sum() == 0  # documents: no loss...
+                g = grad[row, n_prompt - 1 + starts[k]: n_prompt - 1 + starts[k + 1]]
+                assert torch.all(g == 0)  # ...and exactly no gradient
+        assert torch.all(grad[row, n_prompt - 1: n_prompt - 1 + starts[1]] > 0)  # the first search learns
+    assert len(credited[1]) < sum(t.role == "model" for t in trajs[1].turns)  # an uncredited search was checked
+
+
+# ---- 4. dev evaluation during training, best-on-dev ------------------------------------------
+
+def _dev_file(runs, tmp_path, n=4):
+    from r3rag.jsonl import read_jsonl
+
+    (world,) = (runs / "world").glob("default-*")
+    path = tmp_path / "dev.jsonl"
+    path.write_text("".join(json.dumps(q) + "\n" for q in read_jsonl(world / "test.jsonl")[:n]))
+    return path
+
+
+def test_dev_em_is_logged_beside_the_reward_at_the_eval_steps(pipeline_runs, tmp_path):
+    """A real greedy dev evaluation every 2 steps and at the last (3), with dynamic sampling and
+    per-step credit on: dev/em and dev/f1 in those steps' metrics lines, the kept step in the manifest."""
+    from r3rag.jsonl import read_jsonl
+    from r3rag.pipeline import run_stage
+
+    runs, _ = pipeline_runs
+    ref = run_stage("rl", None, ["name=dev", "steps=3", "prompts_per_step=2", "num_generations=2", "bf16=false",
+                                 "max_turns=2", "max_new_tokens=12", "eval_every=2",
+                                 f"eval_questions={_dev_file(runs, tmp_path)}",
+                                 "dynamic_sampling=true", "dynamic_sampling_rounds=1", "process_credit=step",
+                                 "rewards={em: 1.0, relevance: 0.5}"], runs)
+    rows = read_jsonl(ref.path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2, 3]
+    assert ["dev/em" in r for r in rows] == [False, True, True]
+    for r in rows[1:]:
+        assert 0 <= r["dev/em"] <= 1 and 0 <= r["dev/f1"] <= 1 and "reward" in r and r["time/dev_eval"] > 0
+    assert "rollout/dropped_groups" in rows[0] and "rewards/relevance/mean" in rows[0]
+    m = ref.manifest["metrics"]
+    assert m["kept_step"] == 3 and m["kept_dev_em"] == rows[-1]["dev/em"] and 0 <= m["start_dev_em"] <= 1
+
+
+def test_keep_best_dev_publishes_the_best_steps_weights(pipeline_runs, tmp_path, monkeypatch):
+    """Dev EM scripted per step (0.1 before training, 0.5 at step 2, 0.2 at step 4): the artifact
+    holds the weights the policy had at step 2, not the last ones (weight decay moves them every step)."""
+    from safetensors.torch import load_file
+
+    from r3rag import grpo
+    from r3rag.jsonl import read_jsonl
+    from r3rag.pipeline import run_stage
+
+    runs, _ = pipeline_runs
+    script = {0: 0.1, 2: 0.5, 4: 0.2}
+    weights = {}
+
+    def scripted(trainer, questions, *a):
+        step = trainer.state.global_step
+        weights[step] = {k: v.detach().clone() for k, v in trainer.model.state_dict().items()}
+        return {"dev/em": script[step], "dev/f1": script[step]}
+
+    monkeypatch.setattr(grpo, "dev_scores", scripted)
+    ref = run_stage("rl", None, ["name=best", "steps=4", "prompts_per_step=2", "num_generations=2", "bf16=false",
+                                 "max_turns=2", "max_new_tokens=12", "eval_every=2", "keep=best_dev",
+                                 "weight_decay=0.5", "lr=1e-2", f"eval_questions={_dev_file(runs, tmp_path)}"], runs)
+    rows = read_jsonl(ref.path / "metrics.jsonl")
+    assert {r["step"]: r.get("dev/em") for r in rows} == {1: None, 2: 0.5, 3: None, 4: 0.2}
+    m = ref.manifest["metrics"]
+    assert (m["kept_step"], m["kept_dev_em"], m["start_dev_em"], m["best_dev_step"]) == (2, 0.5, 0.1, 2)
+    published = load_file(ref.path / "model" / "model.safetensors")
+    shared = [k for k in published if k in weights[2]]
+    assert shared
+    for k in shared:
+        torch.testing.assert_close(published[k], weights[2][k], msg=k)
+    assert any(not torch.equal(published[k], weights[4][k]) for k in shared)  # not the last step's
+
+
+def test_dev_eval_without_a_dev_split_is_one_line(pipeline_runs, tmp_path):
+    runs, _ = pipeline_runs
+    questions = _dev_file(runs, tmp_path)
+    out = r3rag("rl", "--runs-dir", str(runs), "--set", "eval_every=2", "--set", f"questions={questions}")
+    assert_one_line_error(out, "rl.eval_every", "set rl.eval_questions")
+    out = r3rag("rl", "--runs-dir", str(runs), "--set", "keep=best_dev")
+    assert_one_line_error(out, "rl.keep=best_dev")
+
+
+
+@pytest.mark.slow
+def test_a_resumed_run_with_the_new_settings_ends_where_a_straight_run_ends(searching_policy, tmp_path,
+                                                                            monkeypatch):
+    """Dynamic sampling (refills drawn from a seeded generator; with this weak policy and
+    reward some groups are flat every step) and best-on-dev, with a kill right after
+    checkpoint-3: the same per-step rewards, losses, refills and dev EM, the same kept step and
+    the same published weights as a straight run."""
+    from safetensors.torch import load_file
+
+    from r3rag.jsonl import read_jsonl
+    from tests.test_rl_correctness import _Killed, _kill_after_checkpoint, _run_rl
+
+    extra = ["eval_every=2", "keep=best_dev", f"eval_questions={_dev_file(searching_policy, tmp_path, n=8)}",
+             "dynamic_sampling=true", "dynamic_sampling_rounds=2", "epsilon_high=0.28",
+             "rewards={em: 1.0, format: 0.5}"]
+    straight = _run_rl(searching_policy, "straight-new", *extra)
+    with monkeypatch.context() as m:
+        _kill_after_checkpoint(m, 3)
+        with pytest.raises(_Killed):
+            _run_rl(searching_policy, "resumed-new", *extra)
+    resumed = _run_rl(searching_policy, "resumed-new", *extra, "resume=true")
+    a_rows, b_rows = (read_jsonl(ref.path / "metrics.jsonl") for ref in (straight, resumed))
+    assert [r["step"] for r in b_rows] == [1, 2, 3, 4]
+    assert sum(r["rollout/dropped_groups"] for r in a_rows) > 0 and any(r["loss"] != 0 for r in a_rows)
+    for k in ("reward", "loss", "rewards/format/mean", "rollout/dropped_groups", "rollout/refill_rounds"):
+        assert [r[k] for r in b_rows] == pytest.approx([r[k] for r in a_rows], rel=1e-5, abs=1e-7), k
+    assert [r.get("dev/em") for r in b_rows] == [r.get("dev/em") for r in a_rows]
+    keys = ("kept_step", "kept_dev_em", "start_dev_em", "best_dev_step")
+    assert [resumed.manifest["metrics"][k] for k in keys] == [straight.manifest["metrics"][k] for k in keys]
+    a, b = (load_file(ref.path / "model" / "model.safetensors") for ref in (straight, resumed))
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6, msg=k)
