@@ -39,10 +39,10 @@ def _experiment(tmp_path, **changes) -> Path:
 
 
 def test_experiment_shares_artifacts_fills_placeholders_and_writes_the_table(tmp_path):
-    from r3rag.pipeline import run_pipeline
+    from r3rag.experiment import run_file
 
     runs = tmp_path / "runs"
-    ref = run_pipeline(_experiment(tmp_path), ["rl.seed=3"], runs)
+    ref = run_file(_experiment(tmp_path), ["rl.seed=3"], runs)
     # one world, synthesis and SFT for every variant; two indexes; two RL policies (mask on/off)
     counts = {s: len([d for d in (runs / s).iterdir() if not d.name.startswith(".")])
               for s in ("world", "index", "synthesize", "sft", "rl", "eval")}
@@ -59,7 +59,7 @@ def test_experiment_shares_artifacts_fills_placeholders_and_writes_the_table(tmp
     md = (ref.path / "table.md").read_text()
     assert md.splitlines()[0].startswith("|  | EM [95% CI]") and "| no masking |" in md and "Wall time" in md
     assert (ref.path / "table.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"  # the EM chart
-    again = run_pipeline(_experiment(tmp_path), ["rl.seed=3"], runs)  # everything reused, the same table
+    again = run_file(_experiment(tmp_path), ["rl.seed=3"], runs)  # everything reused, the same table
     assert again.path == ref.path and (again.path / "table.md").read_text() == md
 
 

@@ -6,8 +6,8 @@ from r3rag.env import Trajectory, Turn
 from r3rag.errors import UserError
 from r3rag.judge import JudgeError, JudgeSpec
 from r3rag.protocol import Protocol
-from r3rag.relevance import EmbeddingRelevance, parse_relevance
-from r3rag.rewards import (R3ragWeights, RewardScorer, RewardSettings, SearchR1Format, gold_relevance,
+from r3rag.relevance import EmbeddingRelevance, gold_relevance, parse_relevance
+from r3rag.rewards import (R3ragWeights, RewardScorer, RewardSettings, SearchR1Format,
                            r3rag_reward, rollout_stats, search_r1_format_reward, trl_reward_funcs)
 from tests.chat_server import ChatServer, last_user_text
 

@@ -41,6 +41,7 @@ from r3rag.errors import UserError
 
 SCHEMA_VERSION = 1
 MANIFEST = "manifest.json"
+FILE = "file"  # an input that is a plain file, recorded by its content hash, not an artifact
 # errors that mean "could not write here": disk full, quota, read-only, file too big
 WRITE_ERRNOS = {errno.ENOSPC, errno.EDQUOT, errno.EROFS, errno.EFBIG}
 _HOST = socket.gethostname().replace("/", "_") or "host"

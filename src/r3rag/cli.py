@@ -237,13 +237,14 @@ def run_cmd(pipeline: Annotated[Path, typer.Argument(help="Pipeline YAML (e.g. p
     """
 
     def go():
-        from r3rag.pipeline import plan_pipeline, print_plan, run_pipeline
+        from r3rag.experiment import plan_file, run_file
+        from r3rag.pipeline import print_plan
 
         if dry_run:
-            print_plan(plan_pipeline(pipeline, list(set_ or []), runs_dir), pipeline)
+            print_plan(plan_file(pipeline, list(set_ or []), runs_dir), pipeline)
             print("dry run: the config is valid")
             return
-        ref = run_pipeline(pipeline, list(set_ or []), runs_dir)
+        ref = run_file(pipeline, list(set_ or []), runs_dir)
         print(ref.path)
 
     _guard(go, debug)

@@ -20,9 +20,8 @@ from pathlib import Path
 
 from rich.table import Table
 
-from r3rag.artifacts import ArtifactRef, load_manifest
+from r3rag.artifacts import FILE, ArtifactRef, load_manifest
 from r3rag.metrics import cover_match, exact_match, f1_score, mean_ci
-from r3rag.stages.common import FILE
 
 
 def to_prediction(system: str, traj, q: dict, sample: int = 0) -> dict:

@@ -23,6 +23,7 @@ policy (its base, sft and rl artifacts' wall seconds, as recorded when they were
 Usage:
     r3rag run pipelines/replicate.yaml
     r3rag run pipelines/replicate.yaml --dry-run
+    run_file(Path("pipelines/replicate.yaml"), [], runs_dir=None)   # a plain pipeline or an experiment
 """
 
 from __future__ import annotations
@@ -35,6 +36,8 @@ from pathlib import Path
 
 from r3rag.artifacts import ArtifactRef, ArtifactWriter
 from r3rag.errors import UserError
+from r3rag.pipeline import (is_experiment, load_pipeline, pipeline_stages, plan_pipeline, plan_stages, run_pipeline,
+                            run_stages, split_overrides)
 
 PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
 VARIANT_KEYS = {"stages", "set"}
@@ -42,8 +45,6 @@ VARIANT_KEYS = {"stages", "set"}
 
 def parse_variants(path: Path, data: dict) -> dict[str, dict]:
     """{name: {"stages": [...], "set": [...]}}, checked: every `set` key names one of its stages."""
-    from r3rag.pipeline import pipeline_stages
-
     raw = data.get("variants") or {}
     if not isinstance(raw, dict) or not raw:
         raise UserError(f"{path}: variants: expected a mapping of variant name -> {{stages, set}}")
@@ -89,8 +90,6 @@ def fill(item: str, built: dict[str, dict[str, ArtifactRef]] | None, where: str)
 
 def variant_overrides(path, name: str, spec: dict, overrides: list[str], built) -> dict[str, list[str]]:
     """Per stage: the variant's own `set` (placeholders filled), then the command line's."""
-    from r3rag.pipeline import split_overrides
-
     own = [fill(item, built, f"{path}: variants.{name}.set") for item in spec["set"]]
     per_stage = split_overrides(own, spec["stages"])
     for item in overrides:
@@ -101,16 +100,12 @@ def variant_overrides(path, name: str, spec: dict, overrides: list[str], built) 
 
 
 def check_overrides(overrides: list[str], variants: dict[str, dict]) -> None:
-    from r3rag.pipeline import split_overrides
-
     all_stages = list(dict.fromkeys(s for v in variants.values() for s in v["stages"]))
     split_overrides(overrides, all_stages)  # every key names a stage some variant runs
 
 
 def run_experiment(path: Path, data: dict, overrides: list[str], runs_dir: Path | None) -> ArtifactRef:
     from rich.console import Console
-
-    from r3rag.pipeline import run_stages
 
     variants = parse_variants(path, data)
     check_overrides(overrides, variants)
@@ -124,8 +119,6 @@ def run_experiment(path: Path, data: dict, overrides: list[str], runs_dir: Path 
 
 
 def plan_experiment(path: Path, data: dict, overrides: list[str], runs_dir: Path | None) -> list[dict]:
-    from r3rag.pipeline import plan_stages
-
     variants = parse_variants(path, data)
     check_overrides(overrides, variants)
     plan = []
@@ -168,3 +161,19 @@ def machine() -> str:
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return f"{platform.machine()}, {os.cpu_count()} cores, {device}, torch {torch.__version__}"
+
+
+def run_file(path: Path, overrides: list[str], runs_dir: Path | None) -> ArtifactRef:
+    """`r3rag run`: an experiment (variants + table), or else a plain pipeline."""
+    data = load_pipeline(path)
+    if is_experiment(data):
+        return run_experiment(path, data, overrides, runs_dir)
+    return run_pipeline(path, overrides, runs_dir, data=data)
+
+
+def plan_file(path: Path, overrides: list[str], runs_dir: Path | None) -> list[dict]:
+    """`r3rag run --dry-run`: the plan of an experiment or of a plain pipeline."""
+    data = load_pipeline(path)
+    if is_experiment(data):
+        return plan_experiment(path, data, overrides, runs_dir)
+    return plan_pipeline(path, overrides, runs_dir, data=data)

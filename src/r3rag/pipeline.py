@@ -3,7 +3,8 @@
 A pipeline YAML has a top-level `name`, an optional `stages` list (default: every stage
 section present, in pipeline order) and one section per stage. Within `run`, an input
 written as `<stage>:latest` is bound to the artifact that stage produced in this run.
-A pipeline with `variants` and a `table` is an experiment: see r3rag.experiment.
+A pipeline with `variants` and a `table` is an experiment: r3rag.experiment runs it (above this
+module: it calls `run_stages`; `r3rag run` goes through its `run_file` for both kinds).
 `extends: other.yaml` starts from another pipeline file and changes some of its settings.
 
 Usage:
@@ -119,12 +120,23 @@ def is_experiment(data: dict) -> bool:
     return "variants" in data or "table" in data
 
 
-def run_pipeline(path: Path, overrides: list[str], runs_dir: Path | None) -> ArtifactRef:
-    data = _load_pipeline(path)
-    if is_experiment(data):
-        from r3rag.experiment import run_experiment
+def load_pipeline(path: Path) -> dict:
+    """The pipeline file's settings, `extends` applied and its top-level keys checked."""
+    return _load_pipeline(path)
 
-        return run_experiment(path, data, overrides, runs_dir)
+
+def _plain(path: Path, data: dict | None) -> dict:
+    data = _load_pipeline(path) if data is None else data
+    if is_experiment(data):  # the experiment layer sits above this one and calls it, not the reverse
+        raise UserError(f"{path}: has variants and a table: an experiment (run it with `r3rag run`, "
+                        "or r3rag.experiment.run_file)")
+    return data
+
+
+def run_pipeline(path: Path, overrides: list[str], runs_dir: Path | None, data: dict | None = None) -> ArtifactRef:
+    """A plain pipeline (no variants): its stages in order; returns the last one's artifact.
+    `r3rag run` takes experiments too (r3rag.experiment.run_file)."""
+    data = _plain(path, data)
     stages = pipeline_stages(data, path)
     return run_stages(path, data, stages, split_overrides(overrides, stages), runs_dir)[stages[-1]]
 
@@ -138,15 +150,11 @@ def run_stages(path: Path, data: dict, stages: list[str], per_stage: dict[str, l
     return bound
 
 
-def plan_pipeline(path: Path, overrides: list[str], runs_dir: Path | None) -> list[dict]:
+def plan_pipeline(path: Path, overrides: list[str], runs_dir: Path | None, data: dict | None = None) -> list[dict]:
     """Validate every stage's config (keys, types, stage checks) and say where each input comes
     from, without loading data or weights. Inputs that do not exist yet are listed, not errors:
     a recipe is planned on a machine that has neither its corpus nor its models."""
-    data = _load_pipeline(path)
-    if is_experiment(data):
-        from r3rag.experiment import plan_experiment
-
-        return plan_experiment(path, data, overrides, runs_dir)
+    data = _plain(path, data)
     stages = pipeline_stages(data, path)
     return plan_stages(path, data, stages, split_overrides(overrides, stages), runs_dir)
 

@@ -22,7 +22,9 @@ import re
 import numpy as np
 
 from r3rag.env import Trajectory
+from r3rag.errors import UserError
 from r3rag.judge import JudgeError
+from r3rag.metrics import normalize_answer
 
 RELEVANCE_PROMPT = (
     "You are judging a retrieval step of a system that answers a question by searching step by step.\n"
@@ -45,8 +47,6 @@ def parse_relevance(reply: str) -> float | None:
 def make_relevance(settings, client=None):
     match settings.relevance:
         case "gold":
-            from r3rag.rewards import gold_relevance
-
             return lambda trajs, examples: [gold_relevance(t, ex) for t, ex in zip(trajs, examples)]
         case "embedding":
             return EmbeddingRelevance(settings.encoder, settings.doc_chars)
@@ -107,3 +107,20 @@ class JudgeRelevance:
         text = "\n".join(f"Doc {j}(Title: {d['title']}) {d['text'][: self.doc_chars or None]}"
                          for j, d in enumerate(docs, start=1))
         return RELEVANCE_PROMPT.format(question=question, step=step.strip(), docs=text)
+
+
+def gold_relevance(traj: Trajectory, example: dict) -> list[float]:
+    """Per search step: 1 if it retrieved a gold supporting document that no earlier step had."""
+    meta = example.get("metadata") or {}
+    ids = set(meta.get("supporting_docs") or [])
+    titles = {normalize_answer(t) for t in meta.get("supporting_titles") or []}
+    if not ids and not titles:
+        raise UserError(f"reward.relevance=gold: question {example.get('id')!r} has no metadata.supporting_docs "
+                        "or supporting_titles (use reward.relevance=embedding or judge)")
+    seen: set[str] = set()
+    out = []
+    for docs in traj.documents:
+        new = {d["id"] for d in docs if d["id"] in ids or normalize_answer(d["title"]) in titles} - seen
+        out.append(1.0 if new else 0.0)
+        seen |= new
+    return out

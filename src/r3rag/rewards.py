@@ -159,23 +159,6 @@ def search_turns(traj: Trajectory) -> list[int]:
     return [i for i, s in zip(model, traj.steps) if s["kind"] == "search"]
 
 
-def gold_relevance(traj: Trajectory, example: dict) -> list[float]:
-    """Per search step: 1 if it retrieved a gold supporting document that no earlier step had."""
-    meta = example.get("metadata") or {}
-    ids = set(meta.get("supporting_docs") or [])
-    titles = {normalize_answer(t) for t in meta.get("supporting_titles") or []}
-    if not ids and not titles:
-        raise UserError(f"reward.relevance=gold: question {example.get('id')!r} has no metadata.supporting_docs "
-                        "or supporting_titles (use reward.relevance=embedding or judge)")
-    seen: set[str] = set()
-    out = []
-    for docs in traj.documents:
-        new = {d["id"] for d in docs if d["id"] in ids or normalize_answer(d["title"]) in titles} - seen
-        out.append(1.0 if new else 0.0)
-        seen |= new
-    return out
-
-
 # ---- scoring a batch -------------------------------------------------------------------------
 
 class RewardScorer:

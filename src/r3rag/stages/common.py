@@ -23,11 +23,10 @@ from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
-from r3rag.artifacts import ArtifactRef, ArtifactWriter, default_runs_dir, file_sha256, load_manifest, resolve
+from r3rag.artifacts import FILE, ArtifactRef, ArtifactWriter, default_runs_dir, file_sha256, load_manifest, resolve
 from r3rag.errors import UserError
 from r3rag.jsonl import iter_numbered, unique_by_id
 
-FILE = "file"  # an input that is a plain file, recorded by its content hash, not an artifact
 
 
 
