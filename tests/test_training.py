@@ -100,3 +100,23 @@ def test_per_step_view_one_sample_per_step_with_loss_on_that_step_only():
     ids, labels = tokenize_steps(traj.to_json(), tok, max_length=n)[2]
     assert len(ids) == n and ids[3:] == model_turns[2].ids + [tok.eos_token_id] == labels[3:]
     assert ids[:3] == samples[2][0][-n:-n + 3] and labels[:3] == [IGNORE] * 3
+
+
+def test_only_a_qa_readers_documents_go_back_into_its_prompt():
+    """A searching policy's documents stay in their environment turns (the prompt is the question);
+    a qa reader's single retrieval is part of its prompt, as eval's rag mode builds it."""
+    from r3rag.env import Trajectory
+    from r3rag.protocol import Hit
+    from r3rag.training import framed_prompt
+
+    tok, traj = _setup()
+    assert framed_prompt(traj, tok, P) == traj.prompt == P.prompt(traj.question)
+    qa = Protocol(template="qa", doc_style="plain")
+    hits = [Hit("c1", 1.0, "Zentro Labs", DOCS[1]["text"])]
+    reader = run_rollouts([{"id": "r", "question": "Where is it ?"}],
+                          ScriptedGenerator(lambda t: "Velmar </answer>"), BM25Retriever.build(DOCS[1:]), qa,
+                          EnvConfig(mode="rag", top_k=1))[0]
+    row = reader.to_json()
+    assert framed_prompt(Trajectory.from_json(row), tok, qa) == qa.prompt("Where is it ?", docs=hits) == row["prompt"]
+    row["documents"] = []  # closed-book: no retrieval, the bare reader prompt
+    assert framed_prompt(Trajectory.from_json(row), tok, qa) == qa.prompt("Where is it ?")

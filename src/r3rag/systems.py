@@ -9,7 +9,8 @@ the question, answer once; `direct`: answer with no retrieval). The policy is on
   instruction (`template`), inside its chat template when it has one (`chat`), as Search-R1
   and IRCoT-style baselines prompt instruct models. Reader baselines use `template: qa`
   (closed-book with `mode: direct`; single-shot RAG with `mode: rag`, the top_k documents in
-  the user message); `protocol: ircot` (mode iterative) is IRCoT's interleaved loop: one
+  the user message; `mode: gold`, the question's gold documents instead, r3rag.data.gold: the
+  oracle reader); `protocol: ircot` (mode iterative) is IRCoT's interleaved loop: one
   reasoning sentence per turn, each the next retrieval query;
 - an OpenAI-compatible endpoint (`endpoint` = base URL, `model` = served model name, API key
   from the environment variable named by `api_key_env`);
@@ -39,7 +40,7 @@ from r3rag.errors import UserError
 from r3rag.protocol import DOC_STYLES, PROTOCOLS, TEMPLATES, DocStyle, Protocol, ProtocolName, Template
 
 SCRIPTS = ("top-title",)
-MODES = ("iterative", "direct", "rag")
+MODES = ("iterative", "direct", "rag", "gold")
 
 
 @dataclass
@@ -48,7 +49,7 @@ class SystemSpec:
     endpoint: str = ""  # OpenAI-compatible base URL: the policy is that endpoint
     api_key_env: str = ""  # environment variable holding the endpoint's API key (never stored)
     scripted: str = ""  # a scripted baseline: top-title
-    mode: Literal["iterative", "direct", "rag"] = "iterative"
+    mode: Literal["iterative", "direct", "rag", "gold"] = "iterative"  # gold: rag with the gold documents
     template: Template = "search-r1"  # prompt for models that are not r3rag policies
     doc_style: DocStyle = "search-r1"
     protocol: ProtocolName = "search-r1"  # models that are not policies: search-r1 (with `template`) or ircot
@@ -87,7 +88,7 @@ def check_spec(label: str, spec: SystemSpec) -> None:
     _check_choices(label, spec)
     if spec.protocol == "ircot" and spec.mode != "iterative":
         raise UserError(f"eval.models.{label}: protocol ircot runs in mode iterative (got {spec.mode!r})")
-    if spec.endpoint and spec.template == "qa" and spec.mode == "rag":
+    if spec.endpoint and spec.template == "qa" and spec.mode in ("rag", "gold"):
         # the chat generator rebuilds the prompt from the question alone: the documents would be lost
         raise UserError(f"eval.models.{label}: template qa with mode rag is not supported for endpoints")
     if spec.max_doc_chars < 0:

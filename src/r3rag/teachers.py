@@ -4,7 +4,8 @@
 queries; whether the retriever returns the needed document is checked afterwards, so its
 acceptance rate measures retrieval too. The chain comes from the question's metadata:
 
-- `chain` (synthetic world): one query per hop (query, fact, value, doc_id).
+- `chain` (synthetic world): one query per hop (query, fact, value, doc_id); a named question
+  states its first `stated` hops, so the oracle searches only the rest.
 - `question_decomposition` (MuSiQue, via `r3rag import`): each sub-question with the earlier
   hops' answers filled in for `#k`; the hop's gold paragraph must come back.
 - `supporting_titles` (HotpotQA, 2WikiMultiHopQA): search the question first, then each gold
@@ -14,8 +15,13 @@ Every query must be grounded: a value or title the oracle puts into a query must
 half of its content words) in the question or in a document it retrieved earlier, so it never
 uses knowledge a model could not have had.
 
+`reader` is the oracle for reader baselines (`qa` template, no searching): its one turn is the
+gold answer after the prefilled `<answer> `, whether the prompt holds no documents (closed-book),
+the retriever's top k, or the gold documents (r3rag.data.gold).
+
 Usage:
     gen = oracle_generator(questions, protocol)
+    gen = reader_generator(questions, Protocol(template="qa"))      # "<gold answer> </answer>"
     trajs = run_rollouts(questions, gen, retriever, protocol, env_cfg)
     ok, reason = verify(traj, question, protocol, match="exact")   # format, finish, answer
     ok, reason = verify_evidence(traj, question)                    # oracle: gold docs found, grounded
@@ -60,8 +66,11 @@ def oracle_hops(question: dict) -> list[dict]:
     """The fixed hops of a chain or decomposition: {query, fact, uses, gold: (title, text) or doc_id}."""
     meta = question["metadata"]
     if chain_kind(question) == "chain":
+        # A named question states its first `stated` hops (it names their entities): one search
+        # for the rest is the short path, and its query's entity is grounded by the question.
+        chain, skip = meta["chain"], int(meta.get("stated", 0))
         return [{"query": h["query"], "fact": h["fact"], "doc_id": h["doc_id"],
-                 "uses": [meta["chain"][i - 1]["value"]] if i else []} for i, h in enumerate(meta["chain"])]
+                 "uses": [chain[i - 1]["value"]] if i else []} for i, h in enumerate(chain) if i >= skip]
     paras = {p["idx"]: p for p in meta["paragraphs"]}
     hops, answers = [], []
     for i, sub in enumerate(meta["question_decomposition"]):
@@ -119,12 +128,25 @@ def verify(traj: Trajectory, question: dict, protocol: Protocol, match: str = "e
         return False, f"teacher_error:{kind}"
     if traj.finish_reason != "answer":
         return False, f"finish:{traj.finish_reason}"
-    if not protocol.is_well_formed([t.text for t in traj.turns if t.role == "model"]):
+    if not protocol.is_well_formed(model_texts(traj, protocol)):
         return False, "format"
     scorer = cover_match if match == "cover" else exact_match
     if not scorer(traj.answer, question["golden_answers"]):
         return False, "wrong_answer"
     return True, "ok"
+
+
+def model_texts(traj: Trajectory, protocol: Protocol) -> list[str]:
+    """Each model turn as the protocol parses it: a `qa` reader's turn continues the `<answer> `
+    the environment prefilled, so that prefill is put back in front of it."""
+    prefill = protocol.answer_prefill() if protocol.docs_in_prompt else None
+    texts = []
+    for i, t in enumerate(traj.turns):
+        if t.role == "model":
+            before = traj.turns[i - 1] if i else None
+            joined = prefill is not None and before is not None and before.role == "env" and before.text == prefill
+            texts.append(prefill + t.text if joined else t.text)
+    return texts
 
 
 def verify_evidence(traj: Trajectory, question: dict) -> tuple[bool, str]:
@@ -212,6 +234,26 @@ class Teacher:
 
 def oracle_teacher(protocol: Protocol) -> Teacher:
     return Teacher("oracle", lambda qs, temperature: oracle_generator(qs, protocol), deterministic=True)
+
+
+def reader_generator(questions: list[dict], protocol: Protocol) -> ScriptedGenerator:
+    """A reader's one turn, the gold answer: it continues the `<answer> ` the environment
+    prefilled (closed-book or documents in the prompt), as a trained reader does at eval time."""
+    gold = {str(q["id"]): q["golden_answers"][0] for q in questions}
+    prefill = protocol.answer_prefill()
+    if not protocol.docs_in_prompt:
+        raise UserError("the reader teacher writes qa answers: it needs template qa (protocol search-r1)")
+
+    def script(traj: Trajectory) -> str:
+        return protocol.answer_turn(gold[traj.id]).removeprefix(prefill)
+
+    return ScriptedGenerator(script)
+
+
+def reader_teacher(protocol: Protocol) -> Teacher:
+    """The oracle as a reader: it answers every question right whatever its documents hold, so
+    a reader trained on its trajectories learns the answer given those documents (or none)."""
+    return Teacher("reader", lambda qs, temperature: reader_generator(qs, protocol), deterministic=True)
 
 
 def endpoint_teacher(client, protocol: Protocol, on_result=None) -> Teacher:

@@ -2,6 +2,7 @@
 
 Usage:
     ids, labels = tokenize_trajectory(traj_json, tokenizer)   # labels -100 off model turns
+    ids, labels = tokenize_trajectory(reader_json, tok, 0, Protocol(template="qa"))  # its documents in the prompt
     samples = tokenize_steps(traj_json, tokenizer)            # [(ids, labels)] one per model turn
     model = maybe_lora(model, LoraSettings(r=16, ...))
     save_policy(model, tokenizer, out_dir, protocol_dict)
@@ -16,6 +17,7 @@ from pathlib import Path
 import torch
 
 from r3rag.env import Trajectory, Turn, join_turns
+from r3rag.protocol import Hit
 
 IGNORE = -100
 
@@ -49,8 +51,21 @@ def completion_with_eos(traj: Trajectory, eos_id: int, budget: int = 0,
 def framed_prompt(traj: Trajectory, tokenizer, protocol=None) -> str:
     """The prompt text a trajectory is trained from: the protocol's `context_prompt` for this
     tokenizer (its chat template when `chat`), as RL and eval frame it; the stored prompt when
-    no protocol is given. A teacher without this tokenizer (the oracle) stored the plain prompt."""
-    return traj.prompt if protocol is None else protocol.context_prompt(traj.question, tokenizer)
+    no protocol is given. A teacher without this tokenizer (the oracle) stored the plain prompt.
+    A `qa` reader's documents (single-shot RAG, gold documents) are part of its prompt: they are
+    its trajectory's one recorded search, put back as eval's rag mode renders them."""
+    if protocol is None:
+        return traj.prompt
+    return protocol.context_prompt(traj.question, tokenizer, docs=prompt_docs(traj, protocol))
+
+
+def prompt_docs(traj: Trajectory, protocol) -> list[Hit] | None:
+    """The documents inside a trajectory's prompt: a `qa` reader's first search, None otherwise
+    (closed-book, or a protocol whose documents come in environment turns). Documents the loop
+    fetched before the first turn are a search no model step asked for: one more than its queries."""
+    if not (protocol.docs_in_prompt and len(traj.documents) > len(traj.queries)):
+        return None
+    return [Hit(d["id"], d.get("score", 0.0), d["title"], d["text"]) for d in traj.documents[0]]
 
 
 def require_chat_template(protocol, tokenizer, where: str) -> None:

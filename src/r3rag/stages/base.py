@@ -83,7 +83,8 @@ def corpus_texts(cfg: Config, world_ref) -> list[str]:
     from r3rag.data.world import chain_names, fresh_world_config, generate_world, world_config_from
 
     eval_cfg = world_config_from(world_ref.manifest["config"])
-    held_out = chain_names(read_jsonl(world_ref.path / "test.jsonl"))
+    dev = world_ref.path / "dev.jsonl"  # dev entities are held out too: settings are chosen on them
+    held_out = chain_names(read_jsonl(world_ref.path / "test.jsonl") + (read_jsonl(dev) if dev.exists() else []))
     texts = []
     for i in range(cfg.worlds):
         world = generate_world(fresh_world_config(eval_cfg, i, cfg.world_clusters))

@@ -53,7 +53,7 @@ from r3rag.stages.common import FILE, Context, load_questions, model_location, m
 from r3rag.systems import System, SystemSpec, check_spec, is_policy_artifact, load_system, weights_source
 
 INPUTS = {"world": "world", "questions": FILE, "index": "index", "sft": "sft", "rl": "rl"}
-BUILTINS = {"direct": "direct", "rag": "rag", "sft": "iterative", "rl": "iterative"}
+BUILTINS = {"direct": "direct", "rag": "rag", "gold": "gold", "sft": "iterative", "rl": "iterative"}
 
 
 @dataclass
@@ -118,9 +118,10 @@ def run(cfg: Config, ctx: Context):
         for label, spec in specs.items():
             system = load_system(label, spec, policies[label].path if label in policies else None, cfg.batch_size,
                                  cfg.static_cache, cfg.backend, engines)
-            for r_label, r_ref in retrievers.items():
-                name = f"{label}@{r_label}" if len(retrievers) > 1 else label
-                retriever = None if system.mode == "direct" else _open(r_ref)
+            for r_label, r_ref in (retrievers if system.mode != "gold" else {"": None}).items():
+                name = f"{label}@{r_label}" if len(retrievers) > 1 and system.mode != "gold" else label
+                retriever = (None if system.mode == "direct" else
+                             gold_retriever(inputs, questions) if system.mode == "gold" else _open(r_ref))
                 rows, seconds = evaluate_system(system, questions, retriever, cfg, ctx, name)
                 if judge is not None:
                     for row, ok in zip(rows, judge.judge_many([(r["question"], r["golden_answers"], r["answer"])
@@ -198,7 +199,9 @@ def needed_inputs(cfg: Config, specs: dict[str, SystemSpec]) -> dict[str, str]:
     needed = {"questions"} if cfg.questions else {"world"}
     needed |= {name for name in ("sft", "rl") if any(s.model == getattr(cfg, name) and getattr(cfg, name)
                                                      for s in specs.values())}
-    if not cfg.retrievers and not is_url(cfg.retriever) and any(s.mode != "direct" for s in specs.values()):
+    if any(s.mode == "gold" for s in specs.values()) and "world" not in needed:
+        raise UserError("eval: mode gold reads the gold documents from the world's corpus; use the world's questions")
+    if not cfg.retrievers and not is_url(cfg.retriever) and any(s.mode in ("rag", "iterative") for s in specs.values()):
         needed.add("index")
     for f in needed:
         if not getattr(cfg, f):
@@ -247,7 +250,8 @@ def evaluate_system(system: System, questions: list[dict], retriever, cfg: Confi
                     label: str) -> tuple[list[dict], float]:
     """Prediction rows (one per question and sample) and the wall seconds they took."""
     top_k = getattr(system, "top_k", 0) or cfg.top_k  # a system's own depth (rag3, rag5) wins over eval's
-    env_cfg = EnvConfig(mode=system.mode, top_k=top_k, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens)
+    mode = "rag" if system.mode == "gold" else system.mode  # the gold retriever stands in for the search
+    env_cfg = EnvConfig(mode=mode, top_k=top_k, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens)
     n_samples = cfg.n_samples if cfg.temperature > 0 else 1
     rows, chunk = [], cfg.batch_size * 4
     t0 = time.perf_counter()
@@ -261,6 +265,13 @@ def evaluate_system(system: System, questions: list[dict], retriever, cfg: Confi
                 rows += [to_prediction(label, t, q, sample) for t, q in zip(trajs, batch)]
                 progress.advance(task, len(batch))
     return rows, time.perf_counter() - t0
+
+
+def gold_retriever(inputs: dict, questions: list[dict]):
+    """The questions' gold documents from the world's corpus, served for their text (r3rag.data.gold)."""
+    from r3rag.data.gold import GoldRetriever
+
+    return GoldRetriever(read_jsonl(inputs["world"].path / "corpus.jsonl"), questions)
 
 
 def dataset_name(cfg: Config, inputs: dict) -> str:

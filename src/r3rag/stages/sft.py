@@ -8,11 +8,17 @@ word-level tokenizer trained on the world (`model: tiny`), from the miniature's 
 base model (`base: base:latest`, see `r3rag base`), or from any transformers model id/path,
 with LoRA (`model: Qwen/Qwen2.5-3B`, `lora: true`) or fully. The policy is saved merged.
 
+Reader baselines train here too, on `r3rag synthesize --set reader=closed-book|rag|gold` data
+(the `qa` template): the loss is on the answer after the prefilled `<answer> ` and its EOS, and
+a rag or gold reader's documents are part of its prompt (r3rag.training.framed_prompt), as eval's
+`direct` and `rag` modes frame the saved policy.
+
 Usage:
 
     r3rag sft --set epochs=2 --set lr=5e-4
     r3rag sft --set model=/models/Qwen2.5-0.5B --set lora=true --set lr=1e-4
     r3rag sft --set view=step
+    r3rag sft --set data=runs/synthesize/<a reader's id> --set limit=27000   # a reader baseline
 """
 
 from __future__ import annotations

@@ -21,6 +21,13 @@ Resumable: each finished question is appended (fsynced) to `runs/synthesize/.jou
 rerunning the same command after a crash or Ctrl-C skips finished questions and never repeats
 one. The artifact appears only when every question is done.
 
+Reader baselines (`reader`, with `template: qa`): trajectories for a reader that does not
+search, trained like the cold start by `r3rag sft`. The oracle writes the gold answer after the
+prefilled `<answer> `, in one of three prompts: `closed-book` (the question alone), `rag` (the
+retriever's `top_k` documents for the question text, in the prompt) or `gold` (the question's
+gold documents, r3rag.data.gold: the oracle reader, single-shot RAG's ceiling). Every question
+is accepted: a reader learns to answer from what its prompt holds, however little.
+
 Questions: the world artifact's `split`, or a questions file (`questions: q.jsonl`, the schema
 `r3rag import` writes). `protocol: search-r1` (tags) or `r3rag` (R3-RAG's step format).
 `extra_worlds: N` adds questions from N fresh synthetic worlds (same world config, derived
@@ -32,6 +39,7 @@ Usage:
 
     r3rag synthesize --set teacher=oracle --set top_k=3
     r3rag synthesize --set questions=hotpot_train.jsonl --set protocol=r3rag
+    r3rag synthesize --set reader=rag --set template=qa --set top_k=12   # a single-shot RAG reader's data
     r3rag synthesize --set teacher=openai --set base_url=https://api.deepseek.com --set model=deepseek-chat \\
         --set api_key_env=DEEPSEEK_API_KEY --set questions=hotpot_train.jsonl --set concurrency=32
 """
@@ -55,8 +63,12 @@ from r3rag.protocol import DocStyle, Protocol, ProtocolName, Template
 from r3rag.retrieval import is_url, open_retriever
 from r3rag.stages.common import FILE, Context, add_model_input, load_questions, model_location, resolve_inputs, set_threads
 from r3rag import teachers
+from r3rag.data.gold import GoldRetriever
 
 INPUTS = {"world": "world", "index": "index", "questions": FILE}
+# The rollout mode each reader runs in: gold documents reach the prompt through rag mode, the
+# gold retriever answering the question text (r3rag.data.gold).
+READER_MODES = {"none": "iterative", "closed-book": "direct", "rag": "rag", "gold": "rag"}
 # How fast a run goes, not what it writes: kept out of the artifact id, so a rerun with other
 # values still resumes the same journal.
 OPERATIONAL = ("concurrency", "timeout", "max_retries", "batch_size", "gen_batch_size", "threads")
@@ -75,6 +87,7 @@ class Config:
     extra_questions_per_world: int = 400
     extra_world_clusters: int = 10  # size of each extra world; 0 = same as the evaluation world
     teacher: Literal["oracle", "openai", "hf"] = "oracle"
+    reader: Literal["none", "closed-book", "rag", "gold"] = "none"  # a reader baseline's data (template qa)
     protocol: ProtocolName = "search-r1"  # the protocol's name
     template: Template = "search-r1"
     doc_style: DocStyle = "search-r1"
@@ -161,6 +174,18 @@ def _check(cfg: Config) -> None:
                         "world); set index")
     if cfg.extra_worlds and cfg.questions:
         raise UserError("synthesize.extra_worlds: adds synthetic-world questions; it cannot be combined with questions")
+    _check_reader(cfg)
+
+
+def _check_reader(cfg: Config) -> None:
+    if cfg.reader == "none":
+        return
+    if cfg.teacher != "oracle" or cfg.template != "qa" or cfg.protocol != "search-r1":
+        raise UserError(f"synthesize.reader={cfg.reader}: needs teacher=oracle, protocol=search-r1 and template=qa "
+                        f"(got teacher={cfg.teacher}, protocol={cfg.protocol}, template={cfg.template})")
+    if cfg.reader == "gold" and cfg.questions:
+        raise UserError("synthesize.reader=gold: needs the world's corpus for the gold documents; use the world's "
+                        "questions (split), not a questions file")
 
 
 def _sources(cfg: Config, inputs) -> list[tuple[str, list[dict], object]]:
@@ -171,8 +196,11 @@ def _sources(cfg: Config, inputs) -> list[tuple[str, list[dict], object]]:
         questions = questions[: cfg.limit] if cfg.limit else questions
     for q in questions:
         q["id"] = str(q["id"])
-    sources = [("world" if "world" in inputs and not cfg.questions else "questions", questions,
-                open_retriever(cfg.retriever, inputs.get("index")))]
+    if cfg.reader == "gold":  # the gold documents stand in for the retriever (r3rag.data.gold)
+        retriever = GoldRetriever(read_jsonl(inputs["world"].path / "corpus.jsonl"), questions)
+    else:
+        retriever = open_retriever(cfg.retriever, inputs.get("index"))
+    sources = [("world" if "world" in inputs and not cfg.questions else "questions", questions, retriever)]
     if cfg.extra_worlds:
         sources += list(_extra_worlds(cfg, inputs))
     return sources
@@ -204,7 +232,8 @@ def _synthesize(cfg: Config, ctx: Context, sources, protocol: Protocol, journal:
 
 def attempt_loop(batch: list[dict], teacher, retriever, protocol: Protocol, cfg: Config, judge=None):
     """Yield one finished row per question, as soon as it is accepted or out of attempts."""
-    env_cfg = EnvConfig(top_k=cfg.top_k, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
+    env_cfg = EnvConfig(mode=READER_MODES[cfg.reader], top_k=cfg.top_k, max_turns=cfg.max_turns,
+                        max_new_tokens=cfg.max_new_tokens,
                         max_completion_tokens=max(1024, cfg.max_turns * (cfg.max_new_tokens + 512)))
     pending, history = list(batch), {q["id"]: [] for q in batch}
     if teacher.name == "oracle":  # nothing to follow: rejected without an attempt
@@ -276,6 +305,8 @@ def _public(row: dict) -> dict:
 
 def _teacher(cfg: Config, protocol: Protocol, on_result=None):
     match cfg.teacher:
+        case "oracle" if cfg.reader != "none":
+            return teachers.reader_teacher(protocol)
         case "oracle":
             return teachers.oracle_teacher(protocol)
         case "hf":
@@ -329,17 +360,24 @@ def _extra_worlds(cfg: Config, inputs):
     index_settings = json.loads((inputs["index"].path / "index" / "settings.json").read_text())
     if index_settings["backend"] != "bm25":
         raise UserError("synthesize.extra_worlds: needs a bm25 index (its settings are reused per world)")
-    held_out = chain_names(read_jsonl(inputs["world"].path / "test.jsonl"))
+    held_out = chain_names(_evaluated_questions(inputs["world"].path))
     rng = random.Random(cfg.seed)
     for i in range(cfg.extra_worlds):
         world = generate_world(fresh_world_config(base, i, cfg.extra_world_clusters))
-        pool = [q for q in world.train + world.test if not (chain_names([q]) & held_out)]
+        pool = [q for q in world.questions if not (chain_names([q]) & held_out)]
         qs = rng.sample(pool, min(cfg.extra_questions_per_world, len(pool)))
         for q in qs:
             q["id"] = f"w{i}-{q['id']}"
-        retriever = BM25Retriever.build(world.docs, stopwords=index_settings["stopwords"],
-                                        stemmer=index_settings["stemmer"], k1=index_settings["k1"],
-                                        b=index_settings["b"], method=index_settings["method"])
+        if cfg.reader == "gold":
+            retriever = GoldRetriever(world.docs, qs)
+        else:
+            retriever = BM25Retriever.build(world.docs, stopwords=index_settings["stopwords"],
+                                            stemmer=index_settings["stemmer"], k1=index_settings["k1"],
+                                            b=index_settings["b"], method=index_settings["method"])
         yield f"extra{i}", qs, retriever
 
 
+def _evaluated_questions(world_dir) -> list[dict]:
+    """The evaluation world's test and dev questions: no training question may name their entities."""
+    return [q for split in ("test", "dev") if (world_dir / f"{split}.jsonl").is_file()
+            for q in read_jsonl(world_dir / f"{split}.jsonl", allow_empty=True)]

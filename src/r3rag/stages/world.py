@@ -1,12 +1,16 @@
-"""`r3rag world`: generate the embedded synthetic world (corpus + 2/3-hop questions).
+"""`r3rag world`: generate the embedded synthetic world (corpus + 2- to 4-hop questions).
 
-Writes `corpus.jsonl` (FlashRAG style: id, title, text, contents), `train.jsonl` and
-`test.jsonl` (id, question, golden_answers, metadata with the gold hop chain) and
-`vocab.txt` (every word any world can use, for the word-level tokenizer). Test questions
-are about entities (people, companies, universities) that no training question mentions.
+Writes `corpus.jsonl` (FlashRAG style: id, title, text, contents), `train.jsonl`, `test.jsonl`
+and, with `dev_clusters` > 0, `dev.jsonl` (id, question, golden_answers, metadata with the gold
+hop chain) and `vocab.txt` (every word any world can use, for the word-level tokenizer). Dev and
+test questions are about entities (people, companies, universities) that no training question
+mentions, and dev shares none with test: settings are chosen on dev (`eval --set split=dev`),
+test is scored once.
 
-It also measures how often the question text alone retrieves the documents a question
-needs (BM25, top-k): questions must need iterative retrieval, so this should be near 0.
+It also measures how often the question text alone retrieves the documents a question needs
+(BM25, top `probe_top_k`): chain questions must need iterative retrieval, so this should be
+near 0 for them; named questions (`named` > 0: every intermediate entity named, type `named`)
+are the ones a single retrieval can answer, reported apart (`named_question_only_all_docs@k`).
 
 `source: files` reads real questions and passages instead (see r3rag.data.real): question files
 per split (`train`, `dev`, `test`; any format `r3rag import` reads) and `corpus` files, relative
@@ -17,6 +21,7 @@ artifact id follows the files' content, not where they are.
 Usage:
 
     r3rag world --set seed=7
+    r3rag world --set seed=1 --set dev_clusters=6 --set named=0.25   # a dev split, named questions
     r3rag world --config pipelines/real-smollm2.yaml     # source: files (the shared HotpotQA...)
 """
 
@@ -67,13 +72,15 @@ def run(cfg: Config, ctx: Context):
     with writer:
         world = generate_world(world_cfg)
         write_jsonl(writer.dir / "corpus.jsonl", world.docs)
-        write_jsonl(writer.dir / "train.jsonl", world.train)
-        write_jsonl(writer.dir / "test.jsonl", world.test)
+        for split, questions in world.splits.items():
+            if questions or split != "dev":  # no dev.jsonl without a dev split: eval on it then fails loudly
+                write_jsonl(writer.dir / f"{split}.jsonl", questions)
         (writer.dir / "vocab.txt").write_text("\n".join(world_vocabulary(world_cfg)) + "\n")
         writer.metrics.update({
-            "docs": len(world.docs), "train_questions": len(world.train), "test_questions": len(world.test),
+            "docs": len(world.docs), **{f"{s}_questions": len(qs) for s, qs in world.splits.items()},
+            "named_questions": {s: sum(_is_named(q) for q in qs) for s, qs in world.splits.items()},
             "hops": _hop_counts(world.test),
-            **question_only_probe(world.docs, world.test, cfg.probe_top_k),
+            **_probes(world.docs, world.test, cfg.probe_top_k),
         })
     return ctx.done(writer)
 
@@ -84,6 +91,21 @@ def _hop_counts(questions: list[dict]) -> dict:
         k = str(q["metadata"]["hops"])
         counts[k] = counts.get(k, 0) + 1
     return counts
+
+
+def _is_named(q: dict) -> bool:
+    return q["metadata"].get("type") == "named"
+
+
+def _probes(docs: list[dict], questions: list[dict], k: int) -> dict:
+    """The question-only probe for chain questions (the keys as before named questions existed)
+    and, apart, for named ones."""
+    chain = [q for q in questions if not _is_named(q)]
+    named = [q for q in questions if _is_named(q)]
+    out = question_only_probe(docs, chain, k)
+    if named:
+        out.update({f"named_{key}": v for key, v in question_only_probe(docs, named, k).items()})
+    return out
 
 
 def question_only_probe(docs: list[dict], questions: list[dict], k: int) -> dict:

@@ -1,0 +1,62 @@
+"""The replication's pipelines (issue 17): settings chosen on dev, the test split and a fresh
+world seed scored in replicate.yaml, and reader baselines on the cold start's budget."""
+
+from pathlib import Path
+
+from r3rag.pipeline import _load_pipeline
+from tests.cli_helpers import r3rag_inprocess
+
+ROOT = Path(__file__).resolve().parents[1]
+PIPELINES = ROOT / "pipelines"
+
+
+def _sets(variant: dict) -> dict[str, str]:
+    return dict(item.split("=", 1) for item in variant.get("set", []))
+
+
+def test_replicate_scores_test_once_with_a_dev_split_and_named_questions():
+    p = _load_pipeline(PIPELINES / "replicate.yaml")
+    assert p["world"]["dev_clusters"] > 0 and 0 < p["world"]["named"] < 1
+    assert p["eval"]["split"] == "test"
+    assert all(_sets(v).get("eval.split", "dev") == "dev" for v in p["variants"].values())  # only dev is opted into
+
+
+def test_the_fresh_seed_was_never_used_and_runs_last():
+    p = _load_pipeline(PIPELINES / "replicate.yaml")
+    names = list(p["variants"])
+    fresh = [n for n in names if "world.seed" in _sets(p["variants"][n])]
+    assert fresh and names[-len(fresh):] == fresh  # read once, after everything tuned on dev
+    seeds = {_sets(p["variants"][n])["world.seed"] for n in fresh}
+    used = {str(_load_pipeline(PIPELINES / f)["world"].get("seed", 0)) for f in ("demo.yaml", "replicate.yaml")}
+    assert len(seeds) == 1 and not seeds & used
+    assert any(label.startswith("World seed 2, never tuned on") for label in p["table"])
+
+
+def test_readers_train_on_the_cold_starts_questions_and_budget():
+    """A reader variant changes only what makes it a reader: the teacher data's framing (reader,
+    template, top_k) and what eval runs; the questions, trajectory count and epochs are the cold start's."""
+    p = _load_pipeline(PIPELINES / "replicate.yaml")
+    readers = {n: v for n, v in p["variants"].items() if "synthesize.reader" in _sets(v)}
+    assert {_sets(v)["synthesize.reader"] for v in readers.values()} == {"closed-book", "rag", "gold"}
+    for name, v in readers.items():
+        keys = set(_sets(v)) - {"world.seed"}
+        assert keys <= {"synthesize.reader", "synthesize.template", "synthesize.top_k", "eval.systems", "eval.top_k",
+                        "eval.rl"}, name
+        assert _sets(v)["synthesize.template"] == "qa"
+        if _sets(v)["synthesize.reader"] == "rag":  # trained at the depth it is evaluated at
+            assert _sets(v)["synthesize.top_k"] == _sets(v)["eval.top_k"]
+    depths = {int(_sets(v)["eval.top_k"]) for v in readers.values() if "eval.top_k" in _sets(v)}
+    max_hops, per_search = 4, p["synthesize"]["top_k"]
+    assert depths == {per_search, max_hops * per_search}  # top-3, and every document a 4-hop chain sees
+
+
+def test_replicate_dev_tunes_on_dev_only_and_plans(tmp_path):
+    dev = _load_pipeline(PIPELINES / "replicate-dev.yaml")
+    base = _load_pipeline(PIPELINES / "replicate.yaml")
+    assert dev["eval"]["split"] == "dev" and dev["world"] == base["world"]
+    for v in dev["variants"].values():
+        assert not {"eval.split", "world.seed"} & set(_sets(v))
+    out = r3rag_inprocess("run", PIPELINES / "replicate-dev.yaml", "--dry-run", "--runs-dir", tmp_path / "runs")
+    assert out.returncode == 0, out.stderr
+    assert "split=dev" in out.stdout and "split=test" not in out.stdout
+    assert not (tmp_path / "runs").exists()
