@@ -10,7 +10,7 @@ SET ?=
 RUN := $(R3RAG) run $(PIPELINE) --set world.seed=$(SEED) $(SET)
 STAGE_ARGS := --config $(PIPELINE) --set seed=$(SEED)
 
-.PHONY: install test test-fast demo real real-smoke replicate replicate-ablations world index synthesize base sft rl eval report report-demo serve-retriever runs clean
+.PHONY: install test test-fast lint demo real real-smoke replicate replicate-ablations world index synthesize base sft rl eval report report-demo serve-retriever runs clean
 
 install: $(VENV)/.installed
 
@@ -23,6 +23,11 @@ $(VENV)/.installed: pyproject.toml
 
 test: install
 	$(PY) -m pytest -q
+
+# ruff: the lint rules and the format live in pyproject.toml; CI runs this before the tests.
+lint: install
+	$(VENV)/bin/ruff check src tests benchmarks
+	$(VENV)/bin/ruff format --check src tests benchmarks
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"

@@ -17,11 +17,10 @@ import argparse
 import json
 import time
 
+from policy import setup, steering  # benchmarks/policy.py
 
 from r3rag.env import EnvConfig, run_rollouts
 from r3rag.generation.hf import HFGenerator
-
-from policy import setup, steering  # benchmarks/policy.py
 
 
 def timed(questions, gen, retriever, protocol, tok) -> tuple[float, list]:
@@ -37,17 +36,35 @@ def main() -> None:
     ap.add_argument("--threads", type=int, default=2)
     args = ap.parse_args()
     questions, retriever, model, tok, protocol, source = setup(args.policy, args.n, args.threads)
-    batched_s, b_trajs = timed(questions, HFGenerator(model, tok, batch_size=args.n,
-                                                      logits_processors=steering(source, tok)), retriever, protocol, tok)
-    seq_s, s_trajs = timed(questions, HFGenerator(model, tok, batch_size=1, logits_processors=steering(source, tok)),
-                           retriever, protocol, tok)
+    batched_s, b_trajs = timed(
+        questions,
+        HFGenerator(model, tok, batch_size=args.n, logits_processors=steering(source, tok)),
+        retriever,
+        protocol,
+        tok,
+    )
+    seq_s, s_trajs = timed(
+        questions,
+        HFGenerator(model, tok, batch_size=1, logits_processors=steering(source, tok)),
+        retriever,
+        protocol,
+        tok,
+    )
     same = sum(a.answer == b.answer for a, b in zip(b_trajs, s_trajs))
     print(f"policy: {source}")
     print(f"batched   : {batched_s:7.2f} s  ({args.n / batched_s:7.1f} questions/s)")
     print(f"sequential: {seq_s:7.2f} s  ({args.n / seq_s:7.1f} questions/s)")
     print(f"same answer in both modes: {same}/{args.n} (left padding can flip near-ties)")
-    print(json.dumps({"batching_speedup": round(seq_s / batched_s, 2), "batched_qps": round(args.n / batched_s, 1),
-                      "sequential_qps": round(args.n / seq_s, 1), "n": args.n}))
+    print(
+        json.dumps(
+            {
+                "batching_speedup": round(seq_s / batched_s, 2),
+                "batched_qps": round(args.n / batched_s, 1),
+                "sequential_qps": round(args.n / seq_s, 1),
+                "n": args.n,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

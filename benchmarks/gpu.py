@@ -42,10 +42,22 @@ sys.path.insert(0, str(ROOT / "src"))
 
 import torch  # noqa: E402
 
-QWEN_05B = dict(hidden_size=896, intermediate_size=4864, num_hidden_layers=24, num_attention_heads=14,
-                num_key_value_heads=2, vocab_size=151936)
-SMOKE = dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=2,
-             num_key_value_heads=1, vocab_size=2000)
+QWEN_05B = dict(
+    hidden_size=896,
+    intermediate_size=4864,
+    num_hidden_layers=24,
+    num_attention_heads=14,
+    num_key_value_heads=2,
+    vocab_size=151936,
+)
+SMOKE = dict(
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=2,
+    num_key_value_heads=1,
+    vocab_size=2000,
+)
 LARGER = ["sft.layers=8", "sft.hidden=512", "sft.heads=8", "sft.intermediate=2048"]
 SMOKE_DEMO = ["synthesize.extra_worlds=2", "synthesize.limit=200", "sft.layers=1", "rl.steps=2", "eval.limit=40"]
 
@@ -58,13 +70,20 @@ def demo(runs: Path, smoke: bool, deadline: float) -> dict:
             continue
         t0 = time.time()
         sets = [a for s in (SMOKE_DEMO if smoke else []) + extra for a in ("--set", s)]
-        subprocess.run([sys.executable, "-m", "r3rag.cli", "run", "pipelines/demo.yaml", "--runs-dir", str(runs),
-                        *sets], cwd=ROOT, check=True, stdout=subprocess.DEVNULL)
+        subprocess.run(
+            [sys.executable, "-m", "r3rag.cli", "run", "pipelines/demo.yaml", "--runs-dir", str(runs), *sets],
+            cwd=ROOT,
+            check=True,
+            stdout=subprocess.DEVNULL,
+        )
         wall = time.time() - t0
         evals = sorted((runs / "eval").glob("*/metrics.json"), key=lambda p: p.stat().st_mtime)
         m = json.loads(evals[-1].read_text())
-        out[label] = {"em": {s: v["em"] for s, v in m["systems"].items()}, "seconds": m["seconds"],
-                      "wall_seconds": round(wall, 1)}
+        out[label] = {
+            "em": {s: v["em"] for s, v in m["systems"].items()},
+            "seconds": m["seconds"],
+            "wall_seconds": round(wall, 1),
+        }
         print(f"demo {label}: EM {out[label]['em']}  seconds {m['seconds']}  wall {wall:.0f} s", flush=True)
     return out
 
@@ -79,21 +98,28 @@ def random_qwen(shape: dict, device: str):
     words = world_vocabulary(WorldConfig())
     filler = [f"w{i}" for i in range(max(0, shape["vocab_size"] - len(words) - 16))]
     tok = train_word_tokenizer([" ".join(words), " ".join(filler), "Question :"])
-    cfg = Qwen2Config(**{**shape, "vocab_size": len(tok)}, max_position_embeddings=4096, tie_word_embeddings=True,
-                      pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id, bos_token_id=tok.eos_token_id)
+    cfg = Qwen2Config(
+        **{**shape, "vocab_size": len(tok)},
+        max_position_embeddings=4096,
+        tie_word_embeddings=True,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+        bos_token_id=tok.eos_token_id,
+    )
     torch.manual_seed(0)
     dtype = torch.bfloat16 if device == "cuda" else torch.float32
     return Qwen2ForCausalLM(cfg).to(device=device, dtype=dtype).eval(), tok
 
 
 def rollout(shape: dict, device: str, batches: list[int]) -> dict:
+    from policy import ScriptedTurns  # benchmarks/policy.py
+    from rollout import plain_generate
+
     from r3rag.data.world import WorldConfig, generate_world
     from r3rag.env import EnvConfig, run_rollouts
     from r3rag.generation.hf import HFGenerator
     from r3rag.protocol import Protocol
     from r3rag.retrieval.bm25 import BM25Retriever
-    from policy import ScriptedTurns  # benchmarks/policy.py
-    from rollout import plain_generate
 
     model, tok = random_qwen(shape, device)
     world = generate_world(WorldConfig())
@@ -113,15 +139,16 @@ def rollout(shape: dict, device: str, batches: list[int]) -> dict:
     for b in batches:
         questions = (world.test * (b // len(world.test) + 1))[:b]
 
-        def env_run(static: bool):
-            gen = HFGenerator(model, tok, batch_size=b, temperature=1.0, static_cache=static,
-                              logits_processors=[ScriptedTurns(tok)])
+        def env_run(static: bool, b=b, questions=questions):
+            gen = HFGenerator(
+                model, tok, batch_size=b, temperature=1.0, static_cache=static, logits_processors=[ScriptedTurns(tok)]
+            )
             return run_rollouts(questions, gen, retriever, protocol, env, tok)
 
         row = {}
         for name, static in (("env_dynamic", False), ("env_static", True)):
             env_run(static)  # warm up (compiles the static path)
-            t, trajs = timed(lambda: env_run(static))
+            t, trajs = timed(lambda static=static: env_run(static))
             tokens = sum(tr.model_token_count() for tr in trajs)
             row[name] = round(tokens / t, 1)
         lengths, prompts = [tr.model_token_count() for tr in trajs], [tr.prompt_ids for tr in trajs]
@@ -153,13 +180,32 @@ def grpo(shape: dict, device: str, runs: Path) -> dict:
         if device == "cuda":
             torch.cuda.empty_cache()
             torch.cuda.reset_peak_memory_stats()
-        ref = run_stage("rl", None, [f"name={label}", f"model={model_dir}", "template=minimal", "doc_style=plain",
-                                     "steps=2", "prompts_per_step=16", "num_generations=8", f"lora={str(lora).lower()}",
-                                     "save_steps=0", "rollout_samples=0", "max_new_tokens=48", "max_turns=4"], runs)
+        ref = run_stage(
+            "rl",
+            None,
+            [
+                f"name={label}",
+                f"model={model_dir}",
+                "template=minimal",
+                "doc_style=plain",
+                "steps=2",
+                "prompts_per_step=16",
+                "num_generations=8",
+                f"lora={str(lora).lower()}",
+                "save_steps=0",
+                "rollout_samples=0",
+                "max_new_tokens=48",
+                "max_turns=4",
+            ],
+            runs,
+        )
         last = read_jsonl(ref.path / "metrics.jsonl")[-1]  # the second step: warmed up
         peak = torch.cuda.max_memory_allocated() / 2**30 if device == "cuda" else None
-        out[label] = {"seconds_per_step": round(last["time/step"], 2), "generation_s": round(last["time/generation"], 2),
-                      "peak_gib": None if peak is None else round(peak, 1)}
+        out[label] = {
+            "seconds_per_step": round(last["time/step"], 2),
+            "generation_s": round(last["time/generation"], 2),
+            "peak_gib": None if peak is None else round(peak, 1),
+        }
         print(f"grpo {label}: {out[label]}", flush=True)
     return out
 
@@ -178,8 +224,11 @@ def main() -> None:
     runs = Path(args.out or tempfile.mkdtemp(prefix="r3rag-gpu-"))
     start = time.time()
     deadline = start + args.deadline_s
-    steps = {"rollout": lambda: rollout(shape, device, batches), "grpo": lambda: grpo(shape, device, runs / "grpo"),
-             "demo": lambda: demo(runs / "demo", args.smoke, deadline)}
+    steps = {
+        "rollout": lambda: rollout(shape, device, batches),
+        "grpo": lambda: grpo(shape, device, runs / "grpo"),
+        "demo": lambda: demo(runs / "demo", args.smoke, deadline),
+    }
     result: dict = {}
     for part in (p for p in steps if p in parts):
         result[part] = steps[part]() if time.time() < deadline else "skipped: past --deadline-s"

@@ -30,8 +30,10 @@ from r3rag.retrieval.hybrid import HybridRetriever
 from r3rag.stages.synthesize import Config, attempt_loop
 from r3rag.teachers import oracle_teacher
 
-SETS = {"hotpotqa": ("hotpotqa/dev_distractor_ircot_subsample.jsonl", "corpus/hotpotqa_dev_context_pool.jsonl"),
-        "musique": ("musique/train_hipporag_sample.jsonl", "corpus/musique_context_pool.jsonl")}
+SETS = {
+    "hotpotqa": ("hotpotqa/dev_distractor_ircot_subsample.jsonl", "corpus/hotpotqa_dev_context_pool.jsonl"),
+    "musique": ("musique/train_hipporag_sample.jsonl", "corpus/musique_context_pool.jsonl"),
+}
 
 
 def main() -> None:

@@ -44,8 +44,11 @@ class ScriptedTurns:
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         prev, self.prev = self.prev, input_ids
-        if not (prev is not None and input_ids.shape == (prev.shape[0], prev.shape[1] + 1)
-                and torch.equal(input_ids[:, :-1], prev)):  # a new call: a script per row
+        if not (
+            prev is not None
+            and input_ids.shape == (prev.shape[0], prev.shape[1] + 1)
+            and torch.equal(input_ids[:, :-1], prev)
+        ):  # a new call: a script per row
             self.start = input_ids.shape[1]
             scripts = [self._script(row) for row in input_ids.tolist()]
             width = max(map(len, scripts))  # a finished row repeats its closing tag (it is stopped)

@@ -52,20 +52,43 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "src"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import torch  # noqa: E402
+from rollout import plain_generate  # noqa: E402  (benchmarks/rollout.py)
 from transformers import LogitsProcessor, TrainerCallback  # noqa: E402
 
 from r3rag.env import EnvConfig, run_rollouts  # noqa: E402
 from r3rag.generation.hf import HFGenerator  # noqa: E402
 from r3rag.protocol import Protocol  # noqa: E402
 
-from rollout import plain_generate  # noqa: E402  (benchmarks/rollout.py)
-
 PROTOCOL = Protocol(template="search-r1", doc_style="search-r1", chat=True, max_doc_chars=300)
 DOC_MARK = "Doc 1(Title:"  # only the environment's documents contain it
-FULL = dict(gen_rows=16, gen_tokens=64, env_rows=16, env_tokens=24, env_searches=2, sft_rows=4, sft_len=512,
-            sft_steps=3, prompts=8, group=4, grpo_tokens=24, grad_accum=4)
-QUICK = dict(gen_rows=2, gen_tokens=4, env_rows=2, env_tokens=24, env_searches=1, sft_rows=2, sft_len=32,
-             sft_steps=2, prompts=2, group=2, grpo_tokens=24, grad_accum=1)  # 24: a forced search turn is ~15 tokens
+FULL = dict(
+    gen_rows=16,
+    gen_tokens=64,
+    env_rows=16,
+    env_tokens=24,
+    env_searches=2,
+    sft_rows=4,
+    sft_len=512,
+    sft_steps=3,
+    prompts=8,
+    group=4,
+    grpo_tokens=24,
+    grad_accum=4,
+)
+QUICK = dict(
+    gen_rows=2,
+    gen_tokens=4,
+    env_rows=2,
+    env_tokens=24,
+    env_searches=1,
+    sft_rows=2,
+    sft_len=32,
+    sft_steps=2,
+    prompts=2,
+    group=2,
+    grpo_tokens=24,
+    grad_accum=1,
+)  # 24: a forced search turn is ~15 tokens
 
 
 class ForcedTurns(LogitsProcessor):
@@ -84,15 +107,18 @@ class ForcedTurns(LogitsProcessor):
         done = text.count(DOC_MARK)
         seed = zlib.crc32(text.encode())
         if done < self.searches:
-            query = words[3 * done: 3 * done + 6] or words[:6]
+            query = words[3 * done : 3 * done + 6] or words[:6]
             return self.tok.encode(f" <search> {' '.join(query)} </search>", add_special_tokens=False)
-        answer = words[-1 - seed % 3:]
+        answer = words[-1 - seed % 3 :]
         return self.tok.encode(f" <answer> {' '.join(answer)} </answer>", add_special_tokens=False)
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         prev, self.prev = self.prev, input_ids
-        if not (prev is not None and input_ids.shape == (prev.shape[0], prev.shape[1] + 1)
-                and torch.equal(input_ids[:, :-1], prev)):
+        if not (
+            prev is not None
+            and input_ids.shape == (prev.shape[0], prev.shape[1] + 1)
+            and torch.equal(input_ids[:, :-1], prev)
+        ):
             self.start = input_ids.shape[1]
             scripts = [self._script(row) for row in input_ids.tolist()]
             width = max(map(len, scripts))  # a finished row repeats its last token (it is stopped)
@@ -131,8 +157,11 @@ def data():
         from r3rag.data.corpus import load_corpus
         from r3rag.jsonl import read_jsonl
 
-        return (read_jsonl(root / "hotpotqa/dev_distractor_ircot_subsample.jsonl"),
-                load_corpus(root / "corpus/hotpotqa_dev_context_pool.jsonl"), "hotpotqa")
+        return (
+            read_jsonl(root / "hotpotqa/dev_distractor_ircot_subsample.jsonl"),
+            load_corpus(root / "corpus/hotpotqa_dev_context_pool.jsonl"),
+            "hotpotqa",
+        )
     from r3rag.data.world import WorldConfig, generate_world
 
     world = generate_world(WorldConfig(seed=123))
@@ -146,16 +175,19 @@ def load(path: Path):
 
 
 def bench_generate(model, tok, questions, s) -> tuple[float, float]:
-    prompts = [tok.encode(PROTOCOL.context_prompt(q["question"], tok), add_special_tokens=False)
-               for q in questions[: s["gen_rows"]]]
+    prompts = [
+        tok.encode(PROTOCOL.context_prompt(q["question"], tok), add_special_tokens=False)
+        for q in questions[: s["gen_rows"]]
+    ]
     plain_generate(model, tok, prompts[:2], [2, 2])  # warm up
     t = plain_generate(model, tok, prompts, [s["gen_tokens"]] * len(prompts))
     return len(prompts) * s["gen_tokens"] / t, statistics.mean(map(len, prompts))
 
 
 def bench_env(model, tok, questions, retriever, s, repeats: int) -> dict:
-    cfg = EnvConfig(max_turns=s["env_searches"] + 1, max_new_tokens=s["env_tokens"], top_k=3,
-                    max_completion_tokens=4096)
+    cfg = EnvConfig(
+        max_turns=s["env_searches"] + 1, max_new_tokens=s["env_tokens"], top_k=3, max_completion_tokens=4096
+    )
     qs = questions[: s["env_rows"]]
 
     def rollouts():
@@ -172,11 +204,15 @@ def bench_env(model, tok, questions, retriever, s, repeats: int) -> dict:
         lengths = [tr.model_token_count() for tr in trajs]
         t_plain = min(t_plain, plain_generate(model, tok, [tr.prompt_ids for tr in trajs], lengths))
     n = len(trajs)
-    return {"real_env_overhead_cpu": round(t_env / t_plain - 1, 3), "env_seconds": round(t_env, 2),
-            "env_plain_seconds": round(t_plain, 2), "env_model_tokens": round(sum(lengths) / n, 1),
-            "env_doc_tokens": round(sum(len(x.ids) for tr in trajs for x in tr.turns if x.role == "env") / n, 1),
-            "env_searches": round(sum(len(tr.retrieved) for tr in trajs) / n, 2),
-            "env_answered": sum(tr.finish_reason == "answer" for tr in trajs) / n}
+    return {
+        "real_env_overhead_cpu": round(t_env / t_plain - 1, 3),
+        "env_seconds": round(t_env, 2),
+        "env_plain_seconds": round(t_plain, 2),
+        "env_model_tokens": round(sum(lengths) / n, 1),
+        "env_doc_tokens": round(sum(len(x.ids) for tr in trajs for x in tr.turns if x.role == "env") / n, 1),
+        "env_searches": round(sum(len(tr.retrieved) for tr in trajs) / n, 2),
+        "env_answered": sum(tr.finish_reason == "answer" for tr in trajs) / n,
+    }
 
 
 def bench_sft(path: Path, docs, s, bf16, work: Path) -> tuple[float, list[float]]:
@@ -193,12 +229,23 @@ def bench_sft(path: Path, docs, s, bf16, work: Path) -> tuple[float, list[float]
         stream += tok.encode(d["text"], add_special_tokens=False) + [tok.eos_token_id]
         if len(stream) >= need:
             break
-    seqs = [stream[i: i + s["sft_len"]] for i in range(0, need, s["sft_len"])]
+    seqs = [stream[i : i + s["sft_len"]] for i in range(0, need, s["sft_len"])]
     ds = Dataset.from_dict({"input_ids": seqs, "labels": seqs})
     clock = StepClock()
-    args = SFTConfig(output_dir=str(work / "sft"), max_steps=s["sft_steps"], per_device_train_batch_size=s["sft_rows"],
-                     learning_rate=5e-5, logging_steps=1, save_strategy="no", report_to=[], max_length=s["sft_len"],
-                     dataloader_num_workers=0, disable_tqdm=True, **checkpointing_flag(False), **device_flags(bf16))
+    args = SFTConfig(
+        output_dir=str(work / "sft"),
+        max_steps=s["sft_steps"],
+        per_device_train_batch_size=s["sft_rows"],
+        learning_rate=5e-5,
+        logging_steps=1,
+        save_strategy="no",
+        report_to=[],
+        max_length=s["sft_len"],
+        dataloader_num_workers=0,
+        disable_tqdm=True,
+        **checkpointing_flag(False),
+        **device_flags(bf16),
+    )
     FastSFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tok, callbacks=[clock]).train()
     step = statistics.mean(clock.times[1:] or clock.times)
     return s["sft_rows"] * s["sft_len"] / step, clock.times
@@ -218,14 +265,26 @@ def bench_grpo(path: Path, questions, retriever, s, bf16, work: Path) -> dict:
 
     # grad_accum 4: micro-batches of 8 completions (one of 32 x ~500 tokens x 49k-vocab logits
     # took the process past 24 GB and the kernel killed it); the 32 rollouts are still one batch.
-    cfg = Config(steps=2, prompts_per_step=s["prompts"], num_generations=s["group"], max_turns=2,
-                 grad_accum=s["grad_accum"],
-                 max_new_tokens=s["grpo_tokens"], top_k=3, max_completion_tokens=1024, lr=1e-6, bf16=bf16,
-                 save_steps=0, vllm="", rollout_samples=0)
+    cfg = Config(
+        steps=2,
+        prompts_per_step=s["prompts"],
+        num_generations=s["group"],
+        max_turns=2,
+        grad_accum=s["grad_accum"],
+        max_new_tokens=s["grpo_tokens"],
+        top_k=3,
+        max_completion_tokens=1024,
+        lr=1e-6,
+        bf16=bf16,
+        save_steps=0,
+        vllm="",
+        rollout_samples=0,
+    )
     scorer = RewardScorer({"em": 1.0}, RewardSettings(), PROTOCOL)
     clock = StepClock()
-    trainer = build_trainer(model, tok, questions[: 4 * s["prompts"]], retriever, PROTOCOL, scorer, cfg,
-                            work / "grpo", [clock])
+    trainer = build_trainer(
+        model, tok, questions[: 4 * s["prompts"]], retriever, PROTOCOL, scorer, cfg, work / "grpo", [clock]
+    )
     batches = []
     inner = trainer.rollout_func
 
@@ -241,10 +300,13 @@ def bench_grpo(path: Path, questions, retriever, s, bf16, work: Path) -> dict:
     finally:
         hf.HFGenerator = original
     last = batches[-1]
-    return {"real_grpo_step_s": round(clock.times[-1], 2), "grpo_step_seconds": [round(t, 2) for t in clock.times],
-            "grpo_generation_s": round(last["timing"]["generation"], 2),
-            "grpo_searches": statistics.mean(last["num_searches"]),
-            "grpo_completion_tokens": statistics.mean(map(len, last["completion_ids"]))}
+    return {
+        "real_grpo_step_s": round(clock.times[-1], 2),
+        "grpo_step_seconds": [round(t, 2) for t in clock.times],
+        "grpo_generation_s": round(last["timing"]["generation"], 2),
+        "grpo_searches": statistics.mean(last["num_searches"]),
+        "grpo_completion_tokens": statistics.mean(map(len, last["completion_ids"])),
+    }
 
 
 def main() -> None:
@@ -274,8 +336,11 @@ def main() -> None:
         sft_times, env, grpo = [], {"real_env_overhead_cpu": None}, {"real_grpo_step_s": None}
         if "generate" in todo:
             gen_tok_s, prompt_len = bench_generate(model, tok, questions, s)
-            print(f"plain generate, {s['gen_rows']} rows x {s['gen_tokens']} tokens, {prompt_len:.0f}-token "
-                  f"prompts: {gen_tok_s:.1f} tokens/s", file=sys.stderr)
+            print(
+                f"plain generate, {s['gen_rows']} rows x {s['gen_tokens']} tokens, {prompt_len:.0f}-token "
+                f"prompts: {gen_tok_s:.1f} tokens/s",
+                file=sys.stderr,
+            )
         if "env" in todo:
             env = bench_env(model, tok, questions, retriever, s, 1 if args.quick else args.repeats)
             print(f"env: {env}", file=sys.stderr)
@@ -287,13 +352,27 @@ def main() -> None:
             grpo = bench_grpo(path, questions, retriever, s, bf16, work)
             print(f"grpo: {grpo}", file=sys.stderr)
     r = lambda x, n=1: None if x is None else round(x, n)  # noqa: E731
-    print(json.dumps({"real_generate_tok_s_bs16": r(gen_tok_s), "real_sft_tok_s": r(sft_tok_s),
-                      "real_grpo_step_s": grpo.pop("real_grpo_step_s"),
-                      "real_env_overhead_cpu": env.pop("real_env_overhead_cpu"),
-                      "prompt_tokens": r(prompt_len), "sft_step_seconds": [round(t, 2) for t in sft_times],
-                      **grpo, **env, "grpo_grad_accum": s["grad_accum"], "data": source, "bf16": bf16,
-                      "threads": args.threads, "quick": args.quick, "sections": args.sections,
-                      "wall_seconds": round(time.perf_counter() - t_start, 1)}))
+    print(
+        json.dumps(
+            {
+                "real_generate_tok_s_bs16": r(gen_tok_s),
+                "real_sft_tok_s": r(sft_tok_s),
+                "real_grpo_step_s": grpo.pop("real_grpo_step_s"),
+                "real_env_overhead_cpu": env.pop("real_env_overhead_cpu"),
+                "prompt_tokens": r(prompt_len),
+                "sft_step_seconds": [round(t, 2) for t in sft_times],
+                **grpo,
+                **env,
+                "grpo_grad_accum": s["grad_accum"],
+                "data": source,
+                "bf16": bf16,
+                "threads": args.threads,
+                "quick": args.quick,
+                "sections": args.sections,
+                "wall_seconds": round(time.perf_counter() - t_start, 1),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -41,16 +41,19 @@ from pathlib import Path
 
 import httpx
 
+from r3rag.data.corpus import load_corpus
+from r3rag.data.shared import shared_data
+from r3rag.jsonl import read_jsonl
 from r3rag.retrieval.bm25 import BM25Retriever  # first: it blocks JAX before bm25s is imported
 from r3rag.retrieval.rank_bm25_backend import RankBM25Retriever
 from r3rag.retrieval.remote import RemoteRetriever
 
-from r3rag.data.corpus import load_corpus
-from r3rag.data.shared import shared_data
-from r3rag.jsonl import read_jsonl
-
-POOLS = ("hotpotqa_dev_context_pool", "hipporag_2wikimultihopqa_corpus", "musique_context_pool",
-         "flashrag_wiki18_sample1000")
+POOLS = (
+    "hotpotqa_dev_context_pool",
+    "hipporag_2wikimultihopqa_corpus",
+    "musique_context_pool",
+    "flashrag_wiki18_sample1000",
+)
 K = 3
 
 
@@ -60,8 +63,12 @@ def corpora(big: int) -> tuple[str, list[dict], list[dict], list[str]]:
     if root and (root / "corpus" / f"{POOLS[0]}.jsonl").is_file():
         small = load_corpus(root / "corpus" / f"{POOLS[0]}.jsonl")
         questions = [q["question"] for q in read_jsonl(root / "hotpotqa" / "dev_distractor_ircot_subsample.jsonl")]
-        pool = [d for name in POOLS if (root / "corpus" / f"{name}.jsonl").is_file()
-                for d in load_corpus(root / "corpus" / f"{name}.jsonl")]
+        pool = [
+            d
+            for name in POOLS
+            if (root / "corpus" / f"{name}.jsonl").is_file()
+            for d in load_corpus(root / "corpus" / f"{name}.jsonl")
+        ]
         return "real HotpotQA pool (100k: shared pools repeated)", small, _renumber(pool, big), questions
     from r3rag.data.world import WorldConfig, generate_world
 
@@ -122,7 +129,7 @@ def start_server(index_dir: Path) -> tuple[subprocess.Popen, str]:
             return proc, url
         except Exception:  # noqa: BLE001 - not up yet
             if proc.poll() is not None:
-                raise SystemExit("the retrieval server exited at start")
+                raise SystemExit("the retrieval server exited at start") from None
             time.sleep(0.05)
     proc.kill()
     raise SystemExit("the retrieval server did not start in 30 s")
@@ -194,16 +201,22 @@ def server_overhead(retriever: BM25Retriever, questions: list[str], n_batches: i
     n = n_batches * 64
     print(f"server vs in-process, {len(retriever.docs)} docs, {n_batches} batches of 64, top-{K}:")
     print(f"  in-process         {n / t_local:8.0f} queries/s  {t_local / n_batches * 1000:7.2f} ms/batch")
-    print(f"  server, 8 clients  {n / t_8:8.0f} queries/s  p50 {pct(lat_8, 50):6.2f} ms  p99 {pct(lat_8, 99):6.2f} ms"
-          f"  overhead {t_8 / t_local - 1:+.1%}")
-    print(f"  server, 1 client   {n / t_1:8.0f} queries/s  p50 {pct(lat_1, 50):6.2f} ms  p99 {pct(lat_1, 99):6.2f} ms"
-          f"  overhead {t_1 / t_local - 1:+.1%}")
+    print(
+        f"  server, 8 clients  {n / t_8:8.0f} queries/s  p50 {pct(lat_8, 50):6.2f} ms  p99 {pct(lat_8, 99):6.2f} ms"
+        f"  overhead {t_8 / t_local - 1:+.1%}"
+    )
+    print(
+        f"  server, 1 client   {n / t_1:8.0f} queries/s  p50 {pct(lat_1, 50):6.2f} ms  p99 {pct(lat_1, 99):6.2f} ms"
+        f"  overhead {t_1 / t_local - 1:+.1%}"
+    )
     print(f"  server batching: {health['requests']} requests in {health['searches']} search calls")
     # Wall-clock overhead above also counts the 8 client threads, which share this machine's
     # cores with the server; this is the server process's own CPU (search included) per batch.
-    print(f"  server CPU, 8 clients {cpu_8 / n_batches * 1000:5.2f} ms/batch vs in-process "
-          f"{t_local / n_batches * 1000:5.2f} ms/batch: server CPU overhead {cpu_8 / t_local - 1:+.1%}"
-          " (not the target metric)")
+    print(
+        f"  server CPU, 8 clients {cpu_8 / n_batches * 1000:5.2f} ms/batch vs in-process "
+        f"{t_local / n_batches * 1000:5.2f} ms/batch: server CPU overhead {cpu_8 / t_local - 1:+.1%}"
+        " (not the target metric)"
+    )
     return t_8 / t_local - 1, pct(lat_8, 99)
 
 
@@ -221,9 +234,18 @@ def main() -> None:
     speed_100k, big_index = bm25_speedup("~100k", big, questions, slow_queries=args.slow_queries)
     overhead, p99 = server_overhead(big_index, questions, args.batches)
     print(f"total {time.perf_counter() - t0:.0f}s; targets: bm25 >= 150x rank-bm25 at 100k, server overhead < 20%")
-    print(json.dumps({"bm25_speedup_4k": round(speed_4k, 1), "bm25_speedup_100k": round(speed_100k, 1),
-                      "server_overhead_batch64": round(overhead, 4), "server_p99_ms": round(p99, 2),
-                      "server_overhead_batch64_4k": round(overhead_4k, 4), "server_p99_ms_4k": round(p99_4k, 2)}))
+    print(
+        json.dumps(
+            {
+                "bm25_speedup_4k": round(speed_4k, 1),
+                "bm25_speedup_100k": round(speed_100k, 1),
+                "server_overhead_batch64": round(overhead, 4),
+                "server_p99_ms": round(p99, 2),
+                "server_overhead_batch64_4k": round(overhead_4k, 4),
+                "server_p99_ms_4k": round(p99_4k, 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

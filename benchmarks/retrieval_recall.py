@@ -41,12 +41,15 @@ def main() -> None:
     dense = DenseRetriever.build(docs)
     build_s = time.time() - t0
     hybrid = HybridRetriever(bm25, dense, docs, {"backend": "hybrid", "rrf_k": 60, "candidates": 20})
-    results = {name: retrieval_metrics(r, questions, ks) for name, r in
-               (("bm25", bm25), ("dense", dense), ("hybrid", hybrid))}
+    results = {
+        name: retrieval_metrics(r, questions, ks) for name, r in (("bm25", bm25), ("dense", dense), ("hybrid", hybrid))
+    }
 
     n = results["bm25"]
-    print(f"HotpotQA dev subsample: {n['n']} questions ({n['n_gold']} with gold passages), "
-          f"{len(docs)} passages; indexes built in {build_s:.0f}s\n")
+    print(
+        f"HotpotQA dev subsample: {n['n']} questions ({n['n_gold']} with gold passages), "
+        f"{len(docs)} passages; indexes built in {build_s:.0f}s\n"
+    )
     cols = [f"recall@{k}" for k in ks] + [f"answer_recall@{k}" for k in ks]
     print("| backend | " + " | ".join(cols) + " |")
     print("|---|" + "---:|" * len(cols))

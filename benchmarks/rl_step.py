@@ -47,14 +47,34 @@ def multi_turn(runs: Path, steps: int, threads: int) -> dict:
     from r3rag.jsonl import read_jsonl
     from r3rag.pipeline import run_stage
 
-    ref = run_stage("rl", None, [f"steps={steps}", f"prompts_per_step={PROMPTS}", f"num_generations={GROUP}",
-                                 f"threads={threads}", "save_steps=0", "rollout_samples=0"], runs)
+    ref = run_stage(
+        "rl",
+        None,
+        [
+            f"steps={steps}",
+            f"prompts_per_step={PROMPTS}",
+            f"num_generations={GROUP}",
+            f"threads={threads}",
+            "save_steps=0",
+            "rollout_samples=0",
+        ],
+        runs,
+    )
     rows = read_jsonl(ref.path / "metrics.jsonl")[1:]  # the first step warms up
-    mean = lambda k: statistics.mean(r[k] for r in rows)
+
+    def mean(key):
+        return statistics.mean(r[key] for r in rows)
+
     step = mean("time/step")
-    return {"seconds_per_step": step, "generation": mean("time/generation"), "retrieval": mean("time/retrieval"),
-            "optimizer": mean("time/optimizer"), "reward": mean("time/reward"),
-            "searches": mean("rollout/searches"), "model_tokens": mean("completions/mean_length")}
+    return {
+        "seconds_per_step": step,
+        "generation": mean("time/generation"),
+        "retrieval": mean("time/retrieval"),
+        "optimizer": mean("time/optimizer"),
+        "reward": mean("time/reward"),
+        "searches": mean("rollout/searches"),
+        "model_tokens": mean("completions/mean_length"),
+    }
 
 
 def single_turn(sft_path: Path, runs: Path, steps: int) -> float:
@@ -72,10 +92,20 @@ def single_turn(sft_path: Path, runs: Path, steps: int) -> float:
     world = sorted((runs / "world").glob("*"))[-1]
     qs = read_jsonl(world / "train.jsonl")[: PROMPTS * (steps + 1)]
     ds = Dataset.from_dict({"prompt": [protocol.prompt(q["question"]) for q in qs]})
-    args = GRPOConfig(output_dir=str(runs / "baseline"), max_steps=steps + 1, per_device_train_batch_size=PROMPTS * GROUP,
-                      num_generations=GROUP, max_completion_length=48, learning_rate=1e-5, logging_steps=1,
-                      save_strategy="no", report_to="none", activation_checkpointing=False, disable_tqdm=True,
-                      **device_flags("auto"))
+    args = GRPOConfig(
+        output_dir=str(runs / "baseline"),
+        max_steps=steps + 1,
+        per_device_train_batch_size=PROMPTS * GROUP,
+        num_generations=GROUP,
+        max_completion_length=48,
+        learning_rate=1e-5,
+        logging_steps=1,
+        save_strategy="no",
+        report_to="none",
+        activation_checkpointing=False,
+        disable_tqdm=True,
+        **device_flags("auto"),
+    )
     times = []
 
     class Clock:  # wall time per step, as the rl stage measures it
@@ -88,8 +118,14 @@ def single_turn(sft_path: Path, runs: Path, steps: int) -> float:
     from transformers import TrainerCallback
 
     clock = type("ClockCallback", (Clock, TrainerCallback), {})()
-    trainer = GRPOTrainer(model=model, reward_funcs=[lambda completions, **kw: [0.0] * len(completions)], args=args,
-                          train_dataset=ds, processing_class=tok, callbacks=[clock])
+    trainer = GRPOTrainer(
+        model=model,
+        reward_funcs=[lambda completions, **kw: [0.0] * len(completions)],
+        args=args,
+        train_dataset=ds,
+        processing_class=tok,
+        callbacks=[clock],
+    )
     trainer.train()
     return statistics.mean(times[1:])
 
@@ -109,17 +145,31 @@ def main() -> None:
         base = single_turn(sft.path, runs, a.steps)
     step = m["seconds_per_step"]
     shares = {k: m[k] / step for k in ("generation", "retrieval", "optimizer", "reward")}
-    print(f"GRPO step, {PROMPTS} prompts x group {GROUP}, tiny model on CPU ({a.threads} threads): {step:.2f} s "
-          f"(generation {shares['generation']:.0%}, retrieval {shares['retrieval']:.1%}, "
-          f"optimizer.step {shares['optimizer']:.1%}, reward {shares['reward']:.1%}); "
-          f"{m['searches']:.2f} searches and {m['model_tokens']:.0f} model tokens per trajectory", file=sys.stderr)
-    print(f"baseline: TRL single-turn GRPO step {base:.2f} s -> multi-turn / single-turn = {step / base:.2f}x",
-          file=sys.stderr)
-    print(json.dumps({"seconds_per_step": round(step, 3), "share_generation": round(shares["generation"], 4),
-                      "share_retrieval": round(shares["retrieval"], 4), "share_optimizer": round(shares["optimizer"], 4),
-                      "share_reward": round(shares["reward"], 4),
-                      "share_update": round(1 - sum(shares.values()), 4),
-                      "baseline_seconds_per_step": round(base, 3), "ratio_vs_single_turn": round(step / base, 2)}))
+    print(
+        f"GRPO step, {PROMPTS} prompts x group {GROUP}, tiny model on CPU ({a.threads} threads): {step:.2f} s "
+        f"(generation {shares['generation']:.0%}, retrieval {shares['retrieval']:.1%}, "
+        f"optimizer.step {shares['optimizer']:.1%}, reward {shares['reward']:.1%}); "
+        f"{m['searches']:.2f} searches and {m['model_tokens']:.0f} model tokens per trajectory",
+        file=sys.stderr,
+    )
+    print(
+        f"baseline: TRL single-turn GRPO step {base:.2f} s -> multi-turn / single-turn = {step / base:.2f}x",
+        file=sys.stderr,
+    )
+    print(
+        json.dumps(
+            {
+                "seconds_per_step": round(step, 3),
+                "share_generation": round(shares["generation"], 4),
+                "share_retrieval": round(shares["retrieval"], 4),
+                "share_optimizer": round(shares["optimizer"], 4),
+                "share_reward": round(shares["reward"], 4),
+                "share_update": round(1 - sum(shares.values()), 4),
+                "baseline_seconds_per_step": round(base, 3),
+                "ratio_vs_single_turn": round(step / base, 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

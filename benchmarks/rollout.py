@@ -38,12 +38,11 @@ import json
 import time
 
 import torch
+from policy import setup, steering  # benchmarks/policy.py
 from transformers import StoppingCriteria, StoppingCriteriaList
 
 from r3rag.env import EnvConfig, run_rollouts
 from r3rag.generation.hf import HFGenerator, left_pad
-
-from policy import setup, steering  # benchmarks/policy.py
 
 
 class ForwardTimer:
@@ -97,9 +96,16 @@ def plain_generate(model, tok, prompts: list[list[int]], lengths: list[int], sam
     if cuda:
         torch.cuda.synchronize()
     t0 = time.perf_counter()
-    model.generate(input_ids=ids, attention_mask=mask, min_new_tokens=max(lengths), max_new_tokens=max(lengths),
-                   stopping_criteria=StoppingCriteriaList([StopAtLength(ids.shape[1], lengths)]),
-                   do_sample=sample, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
+    model.generate(
+        input_ids=ids,
+        attention_mask=mask,
+        min_new_tokens=max(lengths),
+        max_new_tokens=max(lengths),
+        stopping_criteria=StoppingCriteriaList([StopAtLength(ids.shape[1], lengths)]),
+        do_sample=sample,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
     if cuda:
         torch.cuda.synchronize()
     return time.perf_counter() - t0
@@ -143,22 +149,40 @@ def report(args, source, trajs, lengths, t_env, t_seq, t_plain, t_even, t_encode
     tokens, n = sum(lengths), len(trajs)
     turns = sum(tr.model_turn_count() for tr in trajs) / n
     env_tokens = sum(len(t.ids or []) for tr in trajs for t in tr.turns if t.role == "env") / n
-    print(f"policy: {source}; {n} questions, {turns:.2f} model turns, {tokens / n:.1f} model tokens "
-          f"(rows {min(lengths)}-{max(lengths)}) and {env_tokens:.1f} document tokens per trajectory")
-    print(f"batched rollouts   : {t_env:7.3f} s  {tokens / t_env:8.0f} model tokens/s  (model: encoding "
-          f"{t_encode / t_env:.0%}, decoding {t_decode / t_env:.0%}; outside the model {1 - (t_encode + t_decode) / t_env:.0%})")
-    print(f"one at a time      : {t_seq:7.3f} s  {tokens / t_seq:8.0f} model tokens/s  "
-          f"(batching speedup {t_seq / t_env:.1f}x; target >= 5x)")
-    print(f"plain generate     : {t_plain:7.3f} s  {tokens / t_plain:8.0f} tokens/s  (each row its trajectory's "
-          f"token count)  -> env overhead {t_env / t_plain - 1:+.1%} (target <= 25%)")
-    print(f"plain, even rows   : {t_even:7.3f} s  {tokens / t_even:8.0f} tokens/s  (every row the mean)"
-          f"  -> env overhead {t_env / t_even - 1:+.1%}")
-    print(json.dumps({"rollout_batching_speedup": round(t_seq / t_env, 2),
-                      "env_overhead_cpu": round(t_env / t_plain - 1, 3),
-                      "env_overhead_equal_rows_cpu": round(t_env / t_even - 1, 3),
-                      "share_encode": round(t_encode / t_env, 3), "share_decode": round(t_decode / t_env, 3),
-                      "share_outside_model": round(1 - (t_encode + t_decode) / t_env, 3),
-                      "rollout_tokens_per_s": round(tokens / t_env, 1), "n": n}))
+    print(
+        f"policy: {source}; {n} questions, {turns:.2f} model turns, {tokens / n:.1f} model tokens "
+        f"(rows {min(lengths)}-{max(lengths)}) and {env_tokens:.1f} document tokens per trajectory"
+    )
+    print(
+        f"batched rollouts   : {t_env:7.3f} s  {tokens / t_env:8.0f} model tokens/s  (model: encoding "
+        f"{t_encode / t_env:.0%}, decoding {t_decode / t_env:.0%}; outside the model {1 - (t_encode + t_decode) / t_env:.0%})"
+    )
+    print(
+        f"one at a time      : {t_seq:7.3f} s  {tokens / t_seq:8.0f} model tokens/s  "
+        f"(batching speedup {t_seq / t_env:.1f}x; target >= 5x)"
+    )
+    print(
+        f"plain generate     : {t_plain:7.3f} s  {tokens / t_plain:8.0f} tokens/s  (each row its trajectory's "
+        f"token count)  -> env overhead {t_env / t_plain - 1:+.1%} (target <= 25%)"
+    )
+    print(
+        f"plain, even rows   : {t_even:7.3f} s  {tokens / t_even:8.0f} tokens/s  (every row the mean)"
+        f"  -> env overhead {t_env / t_even - 1:+.1%}"
+    )
+    print(
+        json.dumps(
+            {
+                "rollout_batching_speedup": round(t_seq / t_env, 2),
+                "env_overhead_cpu": round(t_env / t_plain - 1, 3),
+                "env_overhead_equal_rows_cpu": round(t_env / t_even - 1, 3),
+                "share_encode": round(t_encode / t_env, 3),
+                "share_decode": round(t_decode / t_env, 3),
+                "share_outside_model": round(1 - (t_encode + t_decode) / t_env, 3),
+                "rollout_tokens_per_s": round(tokens / t_env, 1),
+                "n": n,
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

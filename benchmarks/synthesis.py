@@ -23,11 +23,11 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ holds the loopback server
 
 from r3rag.data.world import WorldConfig, generate_world  # noqa: E402
+from r3rag.llm.openai_client import ChatClient  # noqa: E402
 from r3rag.protocol import Protocol  # noqa: E402
 from r3rag.retrieval.bm25 import BM25Retriever  # noqa: E402
 from r3rag.stages.synthesize import Config, attempt_loop  # noqa: E402
 from r3rag.teachers import endpoint_teacher  # noqa: E402
-from r3rag.llm.openai_client import ChatClient  # noqa: E402
 from tests.chat_server import ChatServer  # noqa: E402
 from tests.world_teacher import WorldTeacher  # noqa: E402
 
@@ -41,8 +41,13 @@ def measure(url: str, questions: list[dict], retriever, protocol: Protocol, conc
         secs = time.perf_counter() - t0
         requests = client.stats.requests
     accepted = sum(r["status"] == "accepted" for r in rows)
-    return {"questions": len(rows), "accepted": accepted, "requests": requests, "seconds": round(secs, 2),
-            "qps": round(len(rows) / secs, 3)}
+    return {
+        "questions": len(rows),
+        "accepted": accepted,
+        "requests": requests,
+        "seconds": round(secs, 2),
+        "qps": round(len(rows) / secs, 3),
+    }
 
 
 def main() -> None:
@@ -61,11 +66,19 @@ def main() -> None:
         con = measure(srv.url, questions[: args.n_concurrent], retriever, protocol, concurrency=32)
     print(f"concurrency  1: {seq}", file=sys.stderr)
     print(f"concurrency 32: {con}", file=sys.stderr)
-    print(json.dumps({"concurrency_speedup": round(con["qps"] / seq["qps"], 2), "sequential_qps": seq["qps"],
-                      "concurrent_qps": con["qps"], "delay_s": args.delay,
-                      "requests_per_question": round(con["requests"] / con["questions"], 2),
-                      "accepted": [seq["accepted"], con["accepted"]],
-                      "n": [seq["questions"], con["questions"]]}))
+    print(
+        json.dumps(
+            {
+                "concurrency_speedup": round(con["qps"] / seq["qps"], 2),
+                "sequential_qps": seq["qps"],
+                "concurrent_qps": con["qps"],
+                "delay_s": args.delay,
+                "requests_per_question": round(con["requests"] / con["questions"], 2),
+                "accepted": [seq["accepted"], con["accepted"]],
+                "n": [seq["questions"], con["questions"]],
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -27,8 +27,9 @@ from __future__ import annotations
 import json
 import threading
 import time
+from collections.abc import Callable
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
-from typing import Callable
+
 
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
@@ -55,9 +56,15 @@ def last_user_text(body: dict) -> str:
 
 
 class ChatServer:
-    def __init__(self, reply: Callable[[dict], str | dict] = lambda body: "ok",
-                 faults: Callable[[dict], str | None] | None = None, delay: float = 0.0,
-                 retry_after: str = "1", hang_seconds: float = 30.0, model: str = "test-model"):
+    def __init__(
+        self,
+        reply: Callable[[dict], str | dict] = lambda body: "ok",
+        faults: Callable[[dict], str | None] | None = None,
+        delay: float = 0.0,
+        retry_after: str = "1",
+        hang_seconds: float = 30.0,
+        model: str = "test-model",
+    ):
         self.reply, self.faults, self.delay = reply, faults, delay
         self.retry_after, self.hang_seconds, self.model = retry_after, hang_seconds, model
         self.requests: list[dict] = []
@@ -122,11 +129,20 @@ class ChatServer:
         out = {"content": out} if isinstance(out, str) else out
         words = sum(len(str(m.get("content", "")).split()) for m in body.get("messages", []))
         usage = out.get("usage") or {"prompt_tokens": words, "completion_tokens": len(out["content"].split())}
-        return {"id": "chatcmpl-test", "object": "chat.completion", "created": int(time.time()),
-                "model": body.get("model", self.model),
-                "choices": [{"index": 0, "message": {"role": "assistant", "content": out["content"]},
-                             "finish_reason": out.get("finish_reason", "stop")}],
-                "usage": {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]}}
+        return {
+            "id": "chatcmpl-test",
+            "object": "chat.completion",
+            "created": int(time.time()),
+            "model": body.get("model", self.model),
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": out["content"]},
+                    "finish_reason": out.get("finish_reason", "stop"),
+                }
+            ],
+            "usage": {**usage, "total_tokens": usage["prompt_tokens"] + usage["completion_tokens"]},
+        }
 
     @staticmethod
     def _send(h, status: int, payload: dict, headers: dict | None = None) -> None:

@@ -8,10 +8,38 @@ os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
+import ipaddress
+import socket
+
 import pytest
 
-TINY_WORLD = dict(n_clusters=4, test_clusters=1, people_per_cluster=6, companies_per_cluster=3,
-                  universities_per_cluster=2, n_cities=12, n_countries=4)
+_connect = socket.socket.connect
+
+
+def _loopback_only(sock, address):
+    """Tests are hermetic: a connection anywhere but this machine fails loudly instead of hanging."""
+    if sock.family in (socket.AF_INET, socket.AF_INET6):
+        host = address[0]
+        try:
+            local = host == "localhost" or ipaddress.ip_address(host).is_loopback
+        except ValueError:
+            local = False
+        if not local:
+            raise RuntimeError(f"test tried to reach {host}: tests may only reach 127.0.0.1")
+    return _connect(sock, address)
+
+
+socket.socket.connect = _loopback_only
+
+TINY_WORLD = dict(
+    n_clusters=4,
+    test_clusters=1,
+    people_per_cluster=6,
+    companies_per_cluster=3,
+    universities_per_cluster=2,
+    n_cities=12,
+    n_countries=4,
+)
 
 
 @pytest.fixture(scope="session")
@@ -45,10 +73,18 @@ def pipeline_runs(tmp_path_factory):
     refs["world"] = run_stage("world", None, [f"{k}={v}" for k, v in TINY_WORLD.items()], runs)
     refs["index"] = run_stage("index", None, [], runs)
     refs["synthesize"] = run_stage("synthesize", None, ["template=minimal", "doc_style=plain"], runs)
-    refs["sft"] = run_stage("sft", None, ["layers=1", "hidden=32", "heads=2", "intermediate=64", "epochs=1",
-                                          "batch_size=16", "lr=1e-2", "bf16=false"], runs)
-    refs["rl"] = run_stage("rl", None, ["steps=1", "prompts_per_step=2", "num_generations=4", "bf16=false",
-                                        "max_turns=3", "max_new_tokens=16"], runs)
+    refs["sft"] = run_stage(
+        "sft",
+        None,
+        ["layers=1", "hidden=32", "heads=2", "intermediate=64", "epochs=1", "batch_size=16", "lr=1e-2", "bf16=false"],
+        runs,
+    )
+    refs["rl"] = run_stage(
+        "rl",
+        None,
+        ["steps=1", "prompts_per_step=2", "num_generations=4", "bf16=false", "max_turns=3", "max_new_tokens=16"],
+        runs,
+    )
     refs["eval"] = run_stage("eval", None, ["limit=12", "max_turns=3", "max_new_tokens=16"], runs)
     return runs, refs
 

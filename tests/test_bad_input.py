@@ -104,8 +104,23 @@ def _index(e: Env, f: Path):
 
 
 def _eval_q(e: Env, f: Path):
-    return ["eval", "--runs-dir", e.runs, "--set", f"questions={f}", "--set", "world=", "--set", "sft=",
-            "--set", "rl=", "--set", "systems=[tt]", "--set", "models.tt.scripted=top-title"]
+    return [
+        "eval",
+        "--runs-dir",
+        e.runs,
+        "--set",
+        f"questions={f}",
+        "--set",
+        "world=",
+        "--set",
+        "sft=",
+        "--set",
+        "rl=",
+        "--set",
+        "systems=[tt]",
+        "--set",
+        "models.tt.scripted=top-title",
+    ]
 
 
 def _import(e: Env, f: Path):
@@ -128,8 +143,11 @@ FILE_COMMANDS = {
     "eval-retrieval": (_eval_retrieval, jsonl_cases(QUESTION, "question", ("question", 7), "'question'")),
     "eval-retrieval-hops": (_hop_queries, jsonl_cases(HOPS, "queries", ("queries", "Ava"), "'queries'")),
 }
-FILE_CASES = [pytest.param(cmd, name, content, needles, id=f"{cmd}-{name}")
-              for cmd, (_, cases) in FILE_COMMANDS.items() for name, content, needles in cases]
+FILE_CASES = [
+    pytest.param(cmd, name, content, needles, id=f"{cmd}-{name}")
+    for cmd, (_, cases) in FILE_COMMANDS.items()
+    for name, content, needles in cases
+]
 
 
 def _snapshot(runs: Path) -> set[str]:
@@ -160,6 +178,7 @@ def test_bad_jsonl_file(env, cmd, name, content, needles):
 
 
 # ------------------------------------------------------------------ artifacts given as inputs
+
 
 def _stage_args(stage: str, field: str, value, e: Env) -> list:
     """`r3rag <stage>` with one input replaced; the rest of the inputs are valid."""
@@ -228,11 +247,16 @@ def test_broken_file_inside_an_artifact(env):
 
 # ------------------------------------------------------------------ models
 
-@pytest.mark.parametrize("args", [
-    ["sft", "--set", "model=/no/such/model", "--set", "world="],
-    ["eval", "--set", "systems=[m]", "--set", "models.m.model=/no/such/model", "--set", "sft=", "--set", "rl="],
-    ["rl", "--set", "model=/no/such/model", "--set", "policy="],
-], ids=["sft", "eval", "rl"])
+
+@pytest.mark.parametrize(
+    "args",
+    [
+        ["sft", "--set", "model=/no/such/model", "--set", "world="],
+        ["eval", "--set", "systems=[m]", "--set", "models.m.model=/no/such/model", "--set", "sft=", "--set", "rl="],
+        ["rl", "--set", "model=/no/such/model", "--set", "policy="],
+    ],
+    ids=["sft", "eval", "rl"],
+)
 def test_model_path_that_does_not_exist(env, args):
     """Also no empty runs/eval or runs/rl/.work-<id> left behind (issue 19)."""
     check(env, [args[0], "--runs-dir", env.runs, *args[1:]], "/no/such/model", "does not exist")
@@ -241,8 +265,12 @@ def test_model_path_that_does_not_exist(env, args):
 def test_model_dir_that_is_not_a_model(env):
     empty = env.root / "empty-model"
     empty.mkdir()
-    check(env, ["sft", "--runs-dir", env.runs, "--set", f"model={empty}", "--set", "world="],
-          "empty-model", "could not load")
+    check(
+        env,
+        ["sft", "--runs-dir", env.runs, "--set", f"model={empty}", "--set", "world="],
+        "empty-model",
+        "could not load",
+    )
 
 
 # ------------------------------------------------------------------ configs and pipelines
@@ -297,6 +325,7 @@ def test_bad_pipeline_file(env, name, content, needles):
 
 # ------------------------------------------------------------------ --debug shows the traceback
 
+
 def test_debug_shows_the_traceback(env):
     missing = env.root / "nope.jsonl"
     out = r3rag_inprocess(*_index(env, missing), "--debug")
@@ -308,25 +337,59 @@ def test_debug_shows_the_traceback(env):
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.mark.parametrize("args, needles", [
-    (["synthesize", "--set", "template=serch-r1"], ["synthesize.template", "'serch-r1'", "search-r1, minimal, qa"]),
-    (["synthesize", "--set", "doc_style=html"], ["synthesize.doc_style", "'html'", "search-r1, plain"]),
-    (["synthesize", "--set", "protocol=r4"], ["synthesize.protocol", "'r4'", "search-r1, r3rag, ircot"]),
-    (["rl", "--set", "template=serch-r1", "--set", "model=tiny", "--set", "policy="], ["rl.template", "'serch-r1'"]),
-    # Literal-typed fields, checked by the config itself: a stage's and a nested spec's
-    (["index", "--set", "backend=dense", "--set", "pooling=max"], ["index.pooling", "'max'", "mean, cls"]),
-    (["eval", "--set", "systems=[m]", "--set", "models.m.scripted=top-title", "--set", "models.m.template=serch",
-      "--set", "sft=", "--set", "rl="], ["eval.models.m.template", "'serch'", "search-r1, minimal, qa"]),
-], ids=["synthesize-template", "synthesize-doc_style", "synthesize-protocol", "rl-template", "index-pooling",
-        "eval-spec-template"])
+@pytest.mark.parametrize(
+    "args, needles",
+    [
+        (["synthesize", "--set", "template=serch-r1"], ["synthesize.template", "'serch-r1'", "search-r1, minimal, qa"]),
+        (["synthesize", "--set", "doc_style=html"], ["synthesize.doc_style", "'html'", "search-r1, plain"]),
+        (["synthesize", "--set", "protocol=r4"], ["synthesize.protocol", "'r4'", "search-r1, r3rag, ircot"]),
+        (
+            ["rl", "--set", "template=serch-r1", "--set", "model=tiny", "--set", "policy="],
+            ["rl.template", "'serch-r1'"],
+        ),
+        # Literal-typed fields, checked by the config itself: a stage's and a nested spec's
+        (["index", "--set", "backend=dense", "--set", "pooling=max"], ["index.pooling", "'max'", "mean, cls"]),
+        (
+            [
+                "eval",
+                "--set",
+                "systems=[m]",
+                "--set",
+                "models.m.scripted=top-title",
+                "--set",
+                "models.m.template=serch",
+                "--set",
+                "sft=",
+                "--set",
+                "rl=",
+            ],
+            ["eval.models.m.template", "'serch'", "search-r1, minimal, qa"],
+        ),
+    ],
+    ids=[
+        "synthesize-template",
+        "synthesize-doc_style",
+        "synthesize-protocol",
+        "rl-template",
+        "index-pooling",
+        "eval-spec-template",
+    ],
+)
 def test_setting_outside_its_choices(env, args, needles):
     """A misspelled choice used to be accepted: `synthesize --set template=serch-r1` committed an artifact."""
     check(env, [args[0], "--runs-dir", env.runs, *args[1:]], *needles, "allowed:")
 
 
 def test_setting_outside_its_choices_dry_run(env):
-    out = r3rag_inprocess("run", REPO / "pipelines/demo.yaml", "--set", "synthesize.template=serch-r1", "--dry-run",
-                          "--runs-dir", env.runs)
+    out = r3rag_inprocess(
+        "run",
+        REPO / "pipelines/demo.yaml",
+        "--set",
+        "synthesize.template=serch-r1",
+        "--dry-run",
+        "--runs-dir",
+        env.runs,
+    )
     assert_one_line_error(out, "demo.yaml", "synthesize.template", "'serch-r1'", "allowed: search-r1, minimal, qa")
 
 
@@ -338,8 +401,11 @@ def test_protocol_checks_every_choice():
     from r3rag.protocol import CHOICES, Protocol
 
     hints = typing.get_type_hints(Protocol)
-    literals = {f.name: typing.get_args(hints[f.name]) for f in dataclasses.fields(Protocol)
-                if typing.get_origin(hints[f.name]) is typing.Literal}
+    literals = {
+        f.name: typing.get_args(hints[f.name])
+        for f in dataclasses.fields(Protocol)
+        if typing.get_origin(hints[f.name]) is typing.Literal
+    }
     assert CHOICES == literals  # every Literal field is validated, against its own values
     for key in CHOICES:
         with pytest.raises(UserError, match=rf"^protocol\.{key}: unknown .*'nope' \(allowed: "):
@@ -372,8 +438,15 @@ def _copy_with_same_suffix(e: Env) -> tuple[Path, Path]:
 def test_artifact_suffix_that_matches_several(env):
     world, other = _copy_with_same_suffix(env)
     suffix = world.name.rsplit("-", 1)[1]
-    check(env, ["index", "--runs-dir", env.runs, "--set", f"world=world:{suffix}"],
-          f"world:{suffix}", "2 world artifacts", world.name, other.name, "give more of the id")
+    check(
+        env,
+        ["index", "--runs-dir", env.runs, "--set", f"world=world:{suffix}"],
+        f"world:{suffix}",
+        "2 world artifacts",
+        world.name,
+        other.name,
+        "give more of the id",
+    )
 
 
 def test_artifact_id_that_is_exact_wins_over_suffixes(env):
@@ -422,17 +495,36 @@ def test_failed_command_creates_no_runs_dir(env):
     """A missing model used to leave empty runs/ and runs/eval/ behind."""
     runs = env.root / "fresh-runs"
     q = env.file("q.jsonl", _jsonl(QUESTION))
-    out = r3rag_inprocess("eval", "--runs-dir", runs, "--set", f"questions={q}", "--set", "world=", "--set", "sft=",
-                          "--set", "rl=", "--set", "systems=[m]", "--set", "models.m.model=/no/such/model",
-                          "--set", "models.m.mode=direct")
+    out = r3rag_inprocess(
+        "eval",
+        "--runs-dir",
+        runs,
+        "--set",
+        f"questions={q}",
+        "--set",
+        "world=",
+        "--set",
+        "sft=",
+        "--set",
+        "rl=",
+        "--set",
+        "systems=[m]",
+        "--set",
+        "models.m.model=/no/such/model",
+        "--set",
+        "models.m.mode=direct",
+    )
     assert_one_line_error(out, "/no/such/model", "does not exist")
     assert not runs.exists()
 
 
 def test_failed_command_leaves_no_empty_work_files(env):
     """rl made runs/rl/.work-<id> and synthesize an empty journal before loading the model."""
-    check(env, ["synthesize", "--runs-dir", env.runs, "--set", "teacher=hf", "--set", "model=/no/such/model"],
-          "/no/such/model")
+    check(
+        env,
+        ["synthesize", "--runs-dir", env.runs, "--set", "teacher=hf", "--set", "model=/no/such/model"],
+        "/no/such/model",
+    )
     assert not list((env.runs / "synthesize").glob(".journal-*"))
     check(env, ["rl", "--runs-dir", env.runs, "--set", "model=/no/such/model", "--set", "policy="], "/no/such/model")
     assert not (env.runs / "rl").exists()
@@ -449,10 +541,14 @@ def test_what_a_rerun_resumes_from_is_kept(env):
     assert journal.exists()
 
 
-@pytest.mark.parametrize("content, key, line", [
-    ("name: x\nworld: {}\ncolour: red\n", "'colour'", 3),
-    ("name: x\n\n# a comment\n1: a\ncolour: red\n", "1", 4),  # mixed key types: sorted, not a TypeError
-], ids=["word", "number"])
+@pytest.mark.parametrize(
+    "content, key, line",
+    [
+        ("name: x\nworld: {}\ncolour: red\n", "'colour'", 3),
+        ("name: x\n\n# a comment\n1: a\ncolour: red\n", "1", 4),  # mixed key types: sorted, not a TypeError
+    ],
+    ids=["word", "number"],
+)
 def test_unknown_top_level_key_names_its_line(env, content, key, line):
     p = env.file("pipe.yaml", content)
     check(env, ["run", p, "--runs-dir", env.runs], f"pipe.yaml:{line}: unknown top-level key {key}")

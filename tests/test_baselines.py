@@ -62,12 +62,15 @@ class FixedGenerator:
         return [Generated(self.text, None, self.finish) for _ in contexts]
 
 
-@pytest.mark.parametrize("text,finish,answer,kept,reason", [
-    ("Paris\n\nThe answer is Paris.", "length", "Paris", "Paris\n", "answer"),  # the first line, the rest cut
-    ("\nParis\nmore", "stop", "Paris", "\nParis\n", "answer"),  # a newline before the answer is skipped
-    ("Paris", "eos", "Paris", "Paris", "answer"),  # the model ended its turn: the open answer counts
-    ("The arena seats about", "length", None, "The arena seats about", "length"),  # cut mid-line: no answer
-])
+@pytest.mark.parametrize(
+    "text,finish,answer,kept,reason",
+    [
+        ("Paris\n\nThe answer is Paris.", "length", "Paris", "Paris\n", "answer"),  # the first line, the rest cut
+        ("\nParis\nmore", "stop", "Paris", "\nParis\n", "answer"),  # a newline before the answer is skipped
+        ("Paris", "eos", "Paris", "Paris", "answer"),  # the model ended its turn: the open answer counts
+        ("The arena seats about", "length", None, "The arena seats about", "length"),  # cut mid-line: no answer
+    ],
+)
 def test_qa_answer_left_open_is_its_first_complete_line(text, finish, answer, kept, reason):
     traj = run_rollouts(EX, FixedGenerator(text, finish), None, QA, EnvConfig(mode="direct"))[0]
     assert (traj.answer, traj.turns[-1].text, traj.finish_reason) == (answer, kept, reason)
@@ -78,8 +81,10 @@ def test_qa_chat_prompt_wraps_the_documents_in_the_user_message():
         chat_template = "x"
 
         def apply_chat_template(self, messages, tokenize, add_generation_prompt):
-            return "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages) + \
-                "<|im_start|>assistant\n"
+            return (
+                "".join(f"<|im_start|>{m['role']}\n{m['content']}<|im_end|>\n" for m in messages)
+                + "<|im_start|>assistant\n"
+            )
 
     hits = [Hit("p1", 2.0, "Ava Smith", "Ava Smith works for Zentro Labs .")]
     chat = Protocol(template="qa", chat=True).context_prompt(QUESTION, Tok(), docs=hits)
@@ -106,31 +111,45 @@ def test_qa_rag_puts_top_k_documents_in_the_prompt_as_one_search(top_k):
     assert [d["id"] for d in traj.documents[0]] == traj.retrieved[0]
     assert [t.role for t in traj.turns] == ["env", "model"] and traj.turns[0].text == "<answer> "  # no documents turn
     assert traj.answer == "Paris"
-    row = to_prediction("rag", traj, {"id": "q1", "question": QUESTION, "golden_answers": ["Paris"],
-                                      "metadata": {"supporting_docs": ["p1", "c1"]}})
+    row = to_prediction(
+        "rag",
+        traj,
+        {"id": "q1", "question": QUESTION, "golden_answers": ["Paris"], "metadata": {"supporting_docs": ["p1", "c1"]}},
+    )
     assert row["searches"] == 1 and row["gold_doc_recall"] == 1.0 and row["em"] == 1.0
 
 
 def test_other_templates_keep_the_documents_turn_in_rag_mode():
     gen = ScriptedGenerator(lambda t: "Paris </answer>")
-    traj = run_rollouts(EX, gen, BM25Retriever.build(DOCS), Protocol(template="minimal"), EnvConfig(mode="rag", top_k=2))[0]
+    traj = run_rollouts(
+        EX, gen, BM25Retriever.build(DOCS), Protocol(template="minimal"), EnvConfig(mode="rag", top_k=2)
+    )[0]
     assert traj.prompt == f"Question : {QUESTION}\n" and [t.role for t in traj.turns] == ["env", "env", "model"]
 
 
 def test_ircot_retrieves_with_the_question_then_with_each_sentence():
-    sentences = ["Ava Smith works for Zentro Labs. Then she", "Zentro Labs is headquartered in Paris\n",
-                 "So the answer is: Paris. Done"]
+    sentences = [
+        "Ava Smith works for Zentro Labs. Then she",
+        "Zentro Labs is headquartered in Paris\n",
+        "So the answer is: Paris. Done",
+    ]
     retriever = CountingRetriever()
     gen = ScriptedGenerator(lambda t: sentences[t.model_turn_count()])
     traj = run_rollouts(EX, gen, retriever, IRCOT, EnvConfig(max_turns=6, top_k=2))[0]
-    assert [q for q, _ in retriever.calls] == [[QUESTION], ["Ava Smith works for Zentro Labs."],
-                                               ["Zentro Labs is headquartered in Paris"]]
+    assert [q for q, _ in retriever.calls] == [
+        [QUESTION],
+        ["Ava Smith works for Zentro Labs."],
+        ["Zentro Labs is headquartered in Paris"],
+    ]
     assert traj.finish_reason == "answer" and traj.answer == "Paris"
     assert len(traj.retrieved) == 3 and traj.retrieved[0][0] == "p1" and traj.retrieved[2][0] == "c1"
     assert [t.role for t in traj.turns] == ["env", "model", "env", "model", "env", "model"]
     # one sentence per turn: the overhang after ". " is cut off
     assert [t.text for t in traj.turns if t.role == "model"] == [
-        "Ava Smith works for Zentro Labs.", "Zentro Labs is headquartered in Paris\n", "So the answer is: Paris."]
+        "Ava Smith works for Zentro Labs.",
+        "Zentro Labs is headquartered in Paris\n",
+        "So the answer is: Paris.",
+    ]
     assert traj.turns[0].text.startswith("\n<information> Ava Smith works")
     assert "one sentence at a time" in traj.prompt and "So the answer is: <short answer>." in traj.prompt
 
@@ -141,8 +160,12 @@ def test_ircot_stops_at_max_turns_and_parses_sentences():
     assert traj.finish_reason == "max_turns" and traj.answer is None
     assert traj.model_turn_count() == 3 and len(traj.retrieved) == 3  # the question, then two sentences
     assert IRCOT.stop_strings() == (". ", ".\n")
-    for text, answer in {"So the answer is: Paris.": "Paris", "Thus the answer is 1912": "1912",
-                         "So the Answer is: yes.\n": "yes", "So the answer is: So the answer is: Oslo.": "Oslo"}.items():
+    for text, answer in {
+        "So the answer is: Paris.": "Paris",
+        "Thus the answer is 1912": "1912",
+        "So the Answer is: yes.\n": "yes",
+        "So the answer is: So the answer is: Oslo.": "Oslo",
+    }.items():
         step = IRCOT.parse_step(text)
         assert (step.kind, step.answer) == ("answer", answer)
     assert IRCOT.parse_step("   \n").reason == "empty sentence"
@@ -153,8 +176,12 @@ def test_ircot_stops_at_max_turns_and_parses_sentences():
 def test_ircot_sentence_ended_by_eos_still_retrieves():
     class EosGenerator:  # a chat model that ends its message after each sentence
         def generate(self, contexts, stop, max_new_tokens):
-            return [Generated("So the answer is: Paris" if t.model_turn_count() else "Ava works for Zentro Labs", None,
-                              "eos") for t in contexts]
+            return [
+                Generated(
+                    "So the answer is: Paris" if t.model_turn_count() else "Ava works for Zentro Labs", None, "eos"
+                )
+                for t in contexts
+            ]
 
     traj = run_rollouts(EX, EosGenerator(), BM25Retriever.build(DOCS), IRCOT, EnvConfig(max_turns=4, top_k=1))[0]
     assert traj.queries == ["Ava works for Zentro Labs"] and len(traj.retrieved) == 2
@@ -165,18 +192,25 @@ def test_ircot_trims_the_ids_of_the_sentence_too():
     from r3rag.modeling import train_word_tokenizer
 
     tok = train_word_tokenizer([d["text"] for d in DOCS] + [QUESTION, "So the answer is : Paris . Then"])
-    gen = ScriptedGenerator(lambda t: "Zentro Labs is in Paris . Then more" if t.model_turn_count() == 0
-                            else "So the answer is : Paris", tok)
-    traj = run_rollouts(EX, gen, BM25Retriever.build(DOCS), Protocol(name="ircot"),
-                        EnvConfig(max_turns=3, top_k=1), tok)[0]
+    gen = ScriptedGenerator(
+        lambda t: "Zentro Labs is in Paris . Then more" if t.model_turn_count() == 0 else "So the answer is : Paris",
+        tok,
+    )
+    traj = run_rollouts(
+        EX, gen, BM25Retriever.build(DOCS), Protocol(name="ircot"), EnvConfig(max_turns=3, top_k=1), tok
+    )[0]
     first = traj.turns[1]
     assert first.text == "Zentro Labs is in Paris ." and tok.decode(first.ids) == first.text
     assert traj.answer == "Paris"
 
 
 def test_misspelled_choices_are_one_line_user_errors():
-    for key, bad, allowed in (("template", "qaa", "search-r1, minimal, qa"), ("protocol", "ircott", "search-r1, r3rag, ircot"),
-                              ("doc_style", "fancy", "search-r1, plain"), ("mode", "ragg", "iterative, direct, rag")):
+    for key, bad, allowed in (
+        ("template", "qaa", "search-r1, minimal, qa"),
+        ("protocol", "ircott", "search-r1, r3rag, ircot"),
+        ("doc_style", "fancy", "search-r1, plain"),
+        ("mode", "ragg", "iterative, direct, rag"),
+    ):
         with pytest.raises(UserError) as e:
             check_spec("x", SystemSpec(model="m", **{key: bad}))
         msg = str(e.value)
@@ -199,9 +233,21 @@ def test_per_system_top_k_reaches_the_rollouts(world_index_runs):
     from r3rag.jsonl import read_jsonl
     from r3rag.pipeline import run_stage
 
-    ref = run_stage("eval", None, ["limit=4", "rl=", "sft=", "systems=[tt2,tt5]",
-                                   "models.tt2.scripted=top-title", "models.tt5.scripted=top-title",
-                                   "models.tt5.top_k=5", "top_k=2"], world_index_runs)
+    ref = run_stage(
+        "eval",
+        None,
+        [
+            "limit=4",
+            "rl=",
+            "sft=",
+            "systems=[tt2,tt5]",
+            "models.tt2.scripted=top-title",
+            "models.tt5.scripted=top-title",
+            "models.tt5.top_k=5",
+            "top_k=2",
+        ],
+        world_index_runs,
+    )
     rows = read_jsonl(ref.path / "predictions.jsonl")
     depth = {r["system"]: {len(step) for step in r["retrieved_docs"]} for r in rows}
     assert depth == {"tt2": {2}, "tt5": {5}}
@@ -214,12 +260,18 @@ def test_by_dataset_breaks_down_em_f1_cover_with_intervals():
         q = {"id": qid, "question": "?", "golden_answers": [gold], "metadata": {"dataset": dataset} if dataset else {}}
         return to_prediction("s", traj, q)
 
-    rows = [row("h1", "hotpotqa", "Paris", "Paris"), row("h2", "hotpotqa", "Rome", "Paris"),
-            row("w1", "2wikimultihopqa", "the city of Oslo", "Oslo"), row("n1", None, "x", "x")]
+    rows = [
+        row("h1", "hotpotqa", "Paris", "Paris"),
+        row("h2", "hotpotqa", "Rome", "Paris"),
+        row("w1", "2wikimultihopqa", "the city of Oslo", "Oslo"),
+        row("n1", None, "x", "x"),
+    ]
     assert [r["dataset"] for r in rows] == ["hotpotqa", "hotpotqa", "2wikimultihopqa", None]
     by = summarize(rows)["by_dataset"]
     assert set(by) == {"hotpotqa", "2wikimultihopqa"}  # rows without a dataset are left out
-    assert by["hotpotqa"]["n"] == 2 and by["hotpotqa"]["em"] == 0.5 and by["hotpotqa"]["em_ci"] == (0.0126, 0.9874)  # exact: 1 of 2
+    assert (
+        by["hotpotqa"]["n"] == 2 and by["hotpotqa"]["em"] == 0.5 and by["hotpotqa"]["em_ci"] == (0.0126, 0.9874)
+    )  # exact: 1 of 2
     wiki = by["2wikimultihopqa"]
     assert wiki["em"] == 0.0 and wiki["cover"] == 1.0 and 0 < wiki["f1"] < 1
     assert {"em", "f1", "cover", "em_ci", "f1_ci", "cover_ci", "n"} <= set(wiki)

@@ -15,8 +15,13 @@ BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 @pytest.mark.slow
 def test_rollout_benchmark_prints_its_keys(tmp_path):
     # tmp_path has no runs/sft: the script falls back to a random tiny model
-    out = subprocess.run([sys.executable, str(BENCHMARKS / "rollout.py"), "--n", "4", "--repeats", "1"],
-                         cwd=tmp_path, capture_output=True, text=True, timeout=300)
+    out = subprocess.run(
+        [sys.executable, str(BENCHMARKS / "rollout.py"), "--n", "4", "--repeats", "1"],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     figures = json.loads(out.stdout.strip().splitlines()[-1])
     assert figures["n"] == 4 and "random tiny model" in out.stdout
@@ -32,9 +37,21 @@ def test_real_model_benchmark_quick(smollm2_runs, tmp_path):
     """The real-model benchmark's generate and env parts, shrunk (its SFT and GRPO parts take
     minutes even shrunk; `--quick` alone runs all four)."""
     _, ref = smollm2_runs
-    out = subprocess.run([sys.executable, str(BENCHMARKS / "real_model.py"), "--quick", "--sections", "generate,env",
-                          "--model", str(ref.path / "model")], cwd=tmp_path, capture_output=True, text=True,
-                         timeout=900)
+    out = subprocess.run(
+        [
+            sys.executable,
+            str(BENCHMARKS / "real_model.py"),
+            "--quick",
+            "--sections",
+            "generate,env",
+            "--model",
+            str(ref.path / "model"),
+        ],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=900,
+    )
     assert out.returncode == 0, out.stderr[-2000:]
     figures = json.loads(out.stdout.strip().splitlines()[-1])
     assert set(figures) >= {"real_generate_tok_s_bs16", "real_sft_tok_s", "real_grpo_step_s", "real_env_overhead_cpu"}

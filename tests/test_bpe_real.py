@@ -9,11 +9,11 @@ Skips with one line without the `[real]` extra (see the `smollm2` fixture)."""
 
 from __future__ import annotations
 
-import torch
 import pytest
+import torch
 from transformers import LogitsProcessor
 
-from r3rag.env import EnvConfig, Generated, Trajectory, Turn, new_trajectory, run_rollouts
+from r3rag.env import EnvConfig, Trajectory, Turn, new_trajectory, run_rollouts
 from r3rag.generation.hf import HFGenerator
 from r3rag.generation.scripted import ScriptedGenerator
 from r3rag.grpo import rollout_batch
@@ -22,12 +22,16 @@ from r3rag.retrieval.bm25 import BM25Retriever
 from r3rag.training import IGNORE, completion_with_eos, tokenize_trajectory
 
 P = Protocol(template="search-r1", doc_style="search-r1", chat=True)
-DOCS = [{"id": "d1", "title": "Paris", "text": "Paris is the capital of France."},
-        {"id": "d2", "title": "Rome", "text": "Rome is the capital of Italy."},
-        {"id": "d3", "title": "Berlin", "text": "Berlin is the capital of Germany."},
-        {"id": "d4", "title": "Madrid", "text": "Madrid is the capital of Spain."}]
-QUESTIONS = [{"id": "q1", "question": "What is the capital of France?", "golden_answers": ["Paris"]},
-             {"id": "q2", "question": "What is the capital of Italy?", "golden_answers": ["Rome"]}]
+DOCS = [
+    {"id": "d1", "title": "Paris", "text": "Paris is the capital of France."},
+    {"id": "d2", "title": "Rome", "text": "Rome is the capital of Italy."},
+    {"id": "d3", "title": "Berlin", "text": "Berlin is the capital of Germany."},
+    {"id": "d4", "title": "Madrid", "text": "Madrid is the capital of Spain."},
+]
+QUESTIONS = [
+    {"id": "q1", "question": "What is the capital of France?", "golden_answers": ["Paris"]},
+    {"id": "q2", "question": "What is the capital of Italy?", "golden_answers": ["Rome"]},
+]
 DOC_MARK = "Doc 1(Title:"  # only the environment's documents contain it (the instruction does not)
 
 
@@ -42,8 +46,11 @@ class Forced(LogitsProcessor):
 
     def __call__(self, input_ids: torch.LongTensor, scores: torch.FloatTensor) -> torch.FloatTensor:
         prev, self.prev = self.prev, input_ids
-        if not (prev is not None and input_ids.shape == (prev.shape[0], prev.shape[1] + 1)
-                and torch.equal(input_ids[:, :-1], prev)):
+        if not (
+            prev is not None
+            and input_ids.shape == (prev.shape[0], prev.shape[1] + 1)
+            and torch.equal(input_ids[:, :-1], prev)
+        ):
             self.start = input_ids.shape[1]
             scripts = [self.script(self.tok.decode(row, skip_special_tokens=True)) for row in input_ids.tolist()]
             width = max(map(len, scripts))
@@ -70,16 +77,24 @@ def enc(tok, text: str) -> list[int]:
 
 
 def chat_prompt_ids(tok, question: str) -> list[int]:
-    text = tok.apply_chat_template([{"role": "user", "content": P.prompt(question)}], tokenize=False,
-                                   add_generation_prompt=True)
+    text = tok.apply_chat_template(
+        [{"role": "user", "content": P.prompt(question)}], tokenize=False, add_generation_prompt=True
+    )
     return enc(tok, text)
 
 
 def rollouts(model, tok, script, questions=QUESTIONS, protocol=P, temperature=0.0, max_turns=2):
-    gen = Recording(HFGenerator(model, tok, batch_size=4, temperature=temperature,
-                                logits_processors=[Forced(tok, script)]))
-    trajs = run_rollouts(questions, gen, BM25Retriever.build(DOCS), protocol,
-                         EnvConfig(top_k=2, max_turns=max_turns, max_new_tokens=12), tok)
+    gen = Recording(
+        HFGenerator(model, tok, batch_size=4, temperature=temperature, logits_processors=[Forced(tok, script)])
+    )
+    trajs = run_rollouts(
+        questions,
+        gen,
+        BM25Retriever.build(DOCS),
+        protocol,
+        EnvConfig(top_k=2, max_turns=max_turns, max_new_tokens=12),
+        tok,
+    )
     return trajs, gen
 
 
@@ -143,10 +158,10 @@ def test_env_mask_covers_exactly_the_inserted_documents(searched):
             if turn.role == "env":
                 assert turn.text.startswith("\n<information> Doc 1(Title:")
                 assert turn.ids == enc(tok, turn.text) and n == len(enc(tok, turn.text))
-                assert mask[offset: offset + n] == [0] * n and ids[offset: offset + n] == turn.ids
+                assert mask[offset : offset + n] == [0] * n and ids[offset : offset + n] == turn.ids
                 zeros |= set(range(offset, offset + n))
             else:
-                assert mask[offset: offset + n] == [1] * n
+                assert mask[offset : offset + n] == [1] * n
             offset += n
         assert offset == len(ids) - 1  # then the final EOS
         assert {j for j, m in enumerate(mask) if m == 0} == zeros | {offset}  # that EOS was not sampled
@@ -183,8 +198,9 @@ def test_a_sampled_eos_is_kept_and_learned_exactly_once(stopped, smollm2):
     assert b3["completion_ids"][0] == step and b3["env_mask"][0] == [1] * len(step)
     assert b3["completion_ids"][0].count(eos) == 1
     # A generator that drops the sampled EOS from its ids (vLLM's adapter): appended, learned.
-    dropped = Trajectory("q", "?", "", turns=[Turn("model", " Rome", enc(tok, " Rome"))], eos_sampled=True,
-                         finish_reason="invalid")
+    dropped = Trajectory(
+        "q", "?", "", turns=[Turn("model", " Rome", enc(tok, " Rome"))], eos_sampled=True, finish_reason="invalid"
+    )
     assert completion_with_eos(dropped, eos, eos_rule="sampled") == (enc(tok, " Rome") + [eos], [1, 1])
 
 
@@ -210,11 +226,16 @@ def test_chat_framing_is_the_same_in_synthesis_sft_rl_and_eval(smollm2, smollm2_
     assert text.endswith("<|im_start|>assistant\n") and P.prompt(q["question"]) in text
     answer = "<answer> Paris </answer>"
     # synthesis (the oracle teacher stores the plain prompt) -> SFT frames it for this tokenizer
-    row = {**q, "prompt": P.prompt(q["question"]), "turns": [{"role": "model", "text": answer}],
-           "finish_reason": "answer", "answer": "Paris"}
+    row = {
+        **q,
+        "prompt": P.prompt(q["question"]),
+        "turns": [{"role": "model", "text": answer}],
+        "finish_reason": "answer",
+        "answer": "Paris",
+    }
     ids, labels = tokenize_trajectory(row, tok, protocol=P)
     assert ids[: len(expected)] == expected and set(labels[: len(expected)]) == {IGNORE}
-    assert ids[len(expected):] == enc(tok, answer) + [tok.eos_token_id]
+    assert ids[len(expected) :] == enc(tok, answer) + [tok.eos_token_id]
     # a trajectory synthesised with this tokenizer (an hf teacher) starts from the same ids
     assert new_trajectory(q, P, tok).prompt_ids == expected
     # RL: the prompt TRL hands the rollout_func, and the prompt ids it gets back

@@ -8,7 +8,20 @@ from tests.cli_helpers import assert_one_line_error, r3rag
 
 ROOT = Path(__file__).resolve().parents[1]
 
-COMMANDS = ["world", "index", "synthesize", "sft", "rl", "eval", "run", "runs", "serve-retriever", "report", "eval-retrieval", "import"]
+COMMANDS = [
+    "world",
+    "index",
+    "synthesize",
+    "sft",
+    "rl",
+    "eval",
+    "run",
+    "runs",
+    "serve-retriever",
+    "report",
+    "eval-retrieval",
+    "import",
+]
 
 
 @pytest.mark.parametrize("cmd", COMMANDS)
@@ -17,10 +30,10 @@ def test_help_is_useful(cmd):
     assert out.returncode == 0 and "Usage" in out.stdout and len(out.stdout) > 200
 
 
-
-
 def test_missing_config_file(tmp_path):
-    assert_one_line_error(r3rag("world", "--config", str(tmp_path / "nope.yaml"), cwd=tmp_path), "nope.yaml", "not found")
+    assert_one_line_error(
+        r3rag("world", "--config", str(tmp_path / "nope.yaml"), cwd=tmp_path), "nope.yaml", "not found"
+    )
 
 
 def test_unknown_key(tmp_path):
@@ -37,8 +50,9 @@ def test_missing_input_artifact(tmp_path):
 def test_malformed_corpus_line(tmp_path):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text('{"id": "1", "contents": "t\\ntext"}\n{"id": 2, "contents": \n')
-    assert_one_line_error(r3rag("index", "--set", f"corpus={corpus}", "--set", "world=", cwd=tmp_path),
-                           "c.jsonl:2", "malformed JSON")
+    assert_one_line_error(
+        r3rag("index", "--set", f"corpus={corpus}", "--set", "world=", cwd=tmp_path), "c.jsonl:2", "malformed JSON"
+    )
     assert not (tmp_path / "runs" / "index").exists() or not any((tmp_path / "runs" / "index").iterdir())
 
 
@@ -60,8 +74,18 @@ def test_eval_retrieval_on_real_hotpotqa(tmp_path, shared_root):
     gold = sorted(first["metadata"]["supporting_titles"])
     hops = tmp_path / "hops.jsonl"
     hops.write_text(json.dumps({"id": first["id"], "queries": gold}) + "\n")  # the titles as queries: oracle hops
-    out = r3rag("eval-retrieval", str(qfile), "--runs-dir", str(runs), "--limit", "1", "--ks", "1,10",
-                "--hop-queries", str(hops))
+    out = r3rag(
+        "eval-retrieval",
+        str(qfile),
+        "--runs-dir",
+        str(runs),
+        "--limit",
+        "1",
+        "--ks",
+        "1,10",
+        "--hop-queries",
+        str(hops),
+    )
     assert out.returncode == 0, out.stderr
     m = json.loads(out.stdout.strip().splitlines()[-1])
     assert m["n"] == 1 and m["n_gold"] == 1

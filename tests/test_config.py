@@ -48,8 +48,9 @@ def test_pipeline_overrides_must_name_a_stage(tmp_path):
 def test_a_pipeline_extends_another_and_changes_some_settings(tmp_path):
     from r3rag.pipeline import _load_pipeline, plan_pipeline
 
-    (tmp_path / "base.yaml").write_text("name: b\nstages: [world, index]\nworld: {seed: 1, n_clusters: 4}\n"
-                                        "index: {name: bm25}\n")
+    (tmp_path / "base.yaml").write_text(
+        "name: b\nstages: [world, index]\nworld: {seed: 1, n_clusters: 4}\nindex: {name: bm25}\n"
+    )
     (tmp_path / "sub").mkdir()
     child = tmp_path / "sub" / "child.yaml"
     child.write_text("extends: ../base.yaml\nworld: {seed: 2}\n")
@@ -60,10 +61,13 @@ def test_a_pipeline_extends_another_and_changes_some_settings(tmp_path):
     assert [row["stage"] for row in plan] == ["world", "index"]
 
 
-@pytest.mark.parametrize("text, needle", [
-    ("extends: nowhere.yaml\n", "extends: no pipeline file"),
-    ("extends: p.yaml\n", "extends itself"),
-])
+@pytest.mark.parametrize(
+    "text, needle",
+    [
+        ("extends: nowhere.yaml\n", "extends: no pipeline file"),
+        ("extends: p.yaml\n", "extends itself"),
+    ],
+)
 def test_bad_extends_fail_with_one_line(tmp_path, text, needle):
     from r3rag.pipeline import _load_pipeline
 

@@ -31,8 +31,7 @@ from r3rag.artifacts import ArtifactWriter, list_artifacts, resolve
 from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
 from tests.conftest import TINY_WORLD
 
-SFT_TINY = ["layers=1", "hidden=32", "heads=2", "intermediate=64", "epochs=1", "batch_size=16", "lr=1e-2",
-            "bf16=false"]
+SFT_TINY = ["layers=1", "hidden=32", "heads=2", "intermediate=64", "epochs=1", "batch_size=16", "lr=1e-2", "bf16=false"]
 
 
 def assert_listing_valid(runs: Path) -> list:
@@ -103,6 +102,7 @@ def test_kill_at_every_step_of_commit(tmp_path):
 
 
 # ------------------------------------------------------------------ SIGKILL real stages
+
 
 class Watcher(threading.Thread):
     """Lists the runs dir in a loop while a stage runs; records any listed artifact that fails to verify."""
@@ -185,6 +185,7 @@ def test_sigkill_sft_at_random_points(tmp_path):
 
 
 # ------------------------------------------------------------------ disk full
+
 
 class FullDisk:
     """Files opened for writing under `root` raise ENOSPC once `quota` bytes were written in all

@@ -31,8 +31,13 @@ def test_endpoint_policy_runs_the_protocol_as_a_conversation():
     retriever = OneDocRetriever()
     with ChatServer(reply=search_then_answer) as srv, ChatClient(srv.url, "m", max_retries=0) as client:
         gen = ChatGenerator(client, proto, temperature=0.0, seed=3)
-        [traj] = run_rollouts([{"id": "q1", "question": "What is the capital of France?"}], gen, retriever,
-                              proto, EnvConfig(mode="iterative", max_turns=4))
+        [traj] = run_rollouts(
+            [{"id": "q1", "question": "What is the capital of France?"}],
+            gen,
+            retriever,
+            proto,
+            EnvConfig(mode="iterative", max_turns=4),
+        )
         bodies = srv.bodies()
     assert traj.answer == "Paris" and traj.finish_reason == "answer"
     assert retriever.queries == ["capital of France"]
@@ -46,8 +51,13 @@ def test_endpoint_policy_runs_the_protocol_as_a_conversation():
 def test_endpoint_policy_in_rag_mode_answers_after_the_prefill():
     proto = Protocol()
     with ChatServer(reply=lambda body: "<answer> Paris") as srv, ChatClient(srv.url, "m", max_retries=0) as client:
-        [traj] = run_rollouts([{"id": "q1", "question": "Capital of France?"}], ChatGenerator(client, proto),
-                              OneDocRetriever(), proto, EnvConfig(mode="rag", max_turns=1))
+        [traj] = run_rollouts(
+            [{"id": "q1", "question": "Capital of France?"}],
+            ChatGenerator(client, proto),
+            OneDocRetriever(),
+            proto,
+            EnvConfig(mode="rag", max_turns=1),
+        )
         last = srv.bodies()[0]["messages"][-1]
     assert traj.answer == "Paris"
     assert last["role"] == "user" and last["content"].rstrip().endswith("<answer>")
@@ -57,8 +67,9 @@ def test_a_failed_request_stops_with_the_endpoint_named():
     proto = Protocol()
     with ChatServer(faults=lambda body: "400") as srv, ChatClient(srv.url, "m", max_retries=0) as client:
         with pytest.raises(EndpointError, match=r"endpoint http://127\.0\.0\.1:\d+/v1/chat/completions: question q1"):
-            run_rollouts([{"id": "q1", "question": "?"}], ChatGenerator(client, proto), OneDocRetriever(), proto,
-                         EnvConfig())
+            run_rollouts(
+                [{"id": "q1", "question": "?"}], ChatGenerator(client, proto), OneDocRetriever(), proto, EnvConfig()
+            )
 
 
 def test_close_turn_puts_back_the_dropped_stop_string():
@@ -81,10 +92,12 @@ def test_judge_calls_only_when_exact_match_fails():
     def reply(body):
         return "It is the same person.\nFinal answer: True" if "JFK" in last_user_text(body) else "Final answer: False"
 
-    items = [("Who?", ["John F. Kennedy"], "the John F Kennedy"),  # EM after normalisation: no call
-             ("Who?", ["John F. Kennedy"], "JFK"),
-             ("Who?", ["John F. Kennedy"], "Nixon"),
-             ("Who?", ["John F. Kennedy"], None)]
+    items = [
+        ("Who?", ["John F. Kennedy"], "the John F Kennedy"),  # EM after normalisation: no call
+        ("Who?", ["John F. Kennedy"], "JFK"),
+        ("Who?", ["John F. Kennedy"], "Nixon"),
+        ("Who?", ["John F. Kennedy"], None),
+    ]
     with ChatServer(reply=reply) as srv, ChatClient(srv.url, "judge", max_retries=0) as client:
         judge = AnswerJudge(client)
         assert judge.judge_many(items) == [True, True, False, False]
@@ -93,7 +106,9 @@ def test_judge_calls_only_when_exact_match_fails():
 
 
 def test_judge_failure_is_an_error_not_a_zero():
-    with ChatServer(faults=first_n(["500", "500"])) as srv, ChatClient(srv.url, "judge", max_retries=1,
-                                                                        backoff=0.01) as client:
+    with (
+        ChatServer(faults=first_n(["500", "500"])) as srv,
+        ChatClient(srv.url, "judge", max_retries=1, backoff=0.01) as client,
+    ):
         with pytest.raises(JudgeError, match="judge endpoint .*http_500"):
             AnswerJudge(client).judge_many([("Who?", ["A"], "B")])

@@ -28,8 +28,11 @@ class CountingRetriever:
 
 def _scripts():
     return {
-        "good": ["<search> Ava Smith works </search>", "<think> Ava Smith works for Zentro Labs . </think> "
-                 "<search> Zentro Labs headquartered </search>", "<answer> Velmar </answer>"],
+        "good": [
+            "<search> Ava Smith works </search>",
+            "<think> Ava Smith works for Zentro Labs . </think> <search> Zentro Labs headquartered </search>",
+            "<answer> Velmar </answer>",
+        ],
         "loops": ["<search> Ava Smith works </search>"] * 10,
         "broken": ["<search> Ava Smith works"],
         "chatty": ["I do not know"],

@@ -16,17 +16,45 @@ def hotpot_eval(shared_root, tmp_path_factory):
     tmp = tmp_path_factory.mktemp("hotpot")
     runs = tmp / "runs"
     src = shared_root / "hotpotqa/dev_distractor_ircot_subsample.jsonl"
-    out = r3rag("import", str(src), "--out", str(tmp / "q.jsonl"), "--corpus-out", str(tmp / "corpus.jsonl"),
-                "--limit", "60")
+    out = r3rag(
+        "import", str(src), "--out", str(tmp / "q.jsonl"), "--corpus-out", str(tmp / "corpus.jsonl"), "--limit", "60"
+    )
     assert out.returncode == 0, out.stderr
     for backend in ("bm25", "rank-bm25"):
-        out = r3rag("index", "--runs-dir", str(runs), "--set", f"corpus={tmp / 'corpus.jsonl'}", "--set", "world=",
-                    "--set", f"backend={backend}", "--set", f"name={backend}")
+        out = r3rag(
+            "index",
+            "--runs-dir",
+            str(runs),
+            "--set",
+            f"corpus={tmp / 'corpus.jsonl'}",
+            "--set",
+            "world=",
+            "--set",
+            f"backend={backend}",
+            "--set",
+            f"name={backend}",
+        )
         assert out.returncode == 0, out.stderr
     idx = {b: next((runs / "index").glob(f"{b}-*")) for b in ("bm25", "rank-bm25")}
-    out = r3rag("eval", "--runs-dir", str(runs), "--set", f"questions={tmp / 'q.jsonl'}", "--set", "world=",
-                "--set", "index=", "--set", f"retrievers=[{idx['bm25']},{idx['rank-bm25']}]",
-                "--set", "systems=[top-title]", "--set", "models.top-title.scripted=top-title", "--set", "limit=0")
+    out = r3rag(
+        "eval",
+        "--runs-dir",
+        str(runs),
+        "--set",
+        f"questions={tmp / 'q.jsonl'}",
+        "--set",
+        "world=",
+        "--set",
+        "index=",
+        "--set",
+        f"retrievers=[{idx['bm25']},{idx['rank-bm25']}]",
+        "--set",
+        "systems=[top-title]",
+        "--set",
+        "models.top-title.scripted=top-title",
+        "--set",
+        "limit=0",
+    )
     assert out.returncode == 0, out.stderr
     ev = next((runs / "eval").glob("default-*"))
     return ev, read_jsonl(tmp / "q.jsonl")
@@ -66,7 +94,9 @@ def test_hand_checked_examples(hotpot_eval):
     wrong = [r for r in rows if r["em"] == 0.0]
     assert right and wrong
     r = right[0]  # the top title normalises to a gold answer
-    assert any(r["answer"].lower().strip() == g.lower().strip() or exact_match(r["answer"], [g]) for g in r["golden_answers"])
+    assert any(
+        r["answer"].lower().strip() == g.lower().strip() or exact_match(r["answer"], [g]) for g in r["golden_answers"]
+    )
     w = next(w for w in wrong if any(c.isdigit() for c in w["golden_answers"][0]))  # a number or a date
     assert not any(c.isdigit() for c in w["answer"]) or w["answer"] not in w["golden_answers"]
     assert w["f1"] < 1.0

@@ -19,8 +19,14 @@ def _eval(runs, *overrides):
 def test_any_transformers_model_path_is_a_system(pipeline_runs):
     runs, refs = pipeline_runs
     model_dir = refs["sft"].path / "model"  # a plain transformers directory (config, weights, tokenizer)
-    metrics, preds, ref = _eval(runs, "systems=[plain]", f"models.plain.model={model_dir}",
-                                "models.plain.template=minimal", "models.plain.doc_style=plain", "name=hfpath")
+    metrics, preds, ref = _eval(
+        runs,
+        "systems=[plain]",
+        f"models.plain.model={model_dir}",
+        "models.plain.template=minimal",
+        "models.plain.doc_style=plain",
+        "name=hfpath",
+    )
     m = metrics["systems"]["plain"]
     assert m["n"] == 6 and m["tokens"] > 0 and m["questions_per_s"] > 0
     assert all(p["turns"] and p["tokens"] for p in preds)
@@ -47,9 +53,17 @@ def test_endpoint_policy_and_llm_judge(pipeline_runs):
         return "<answer> Nowhere"
 
     with ChatServer(reply=policy) as pol, ChatServer(reply=lambda b: "Final answer: True") as jud:
-        metrics, preds, ref = _eval(runs, "systems=[api]", f"models.api.endpoint={pol.url}",
-                                    "models.api.model=m", "models.api.template=minimal", "models.api.doc_style=plain",
-                                    f"judge.endpoint={jud.url}", "judge.model=j", "name=api")
+        metrics, preds, ref = _eval(
+            runs,
+            "systems=[api]",
+            f"models.api.endpoint={pol.url}",
+            "models.api.model=m",
+            "models.api.template=minimal",
+            "models.api.doc_style=plain",
+            f"judge.endpoint={jud.url}",
+            "judge.model=j",
+            "name=api",
+        )
         judge_calls = len(jud.requests)
     m = metrics["systems"]["api"]
     assert m["n"] == 6 and m["searches"] == 1.0 and m["em"] == 0.0

@@ -12,25 +12,40 @@ from tests.conftest import TINY_WORLD
 ROOT = Path(__file__).resolve().parents[1]
 
 TINY_SFT = {"layers": 1, "hidden": 32, "heads": 2, "intermediate": 64, "lr": 1e-2, "bf16": False}
-TINY_RL = {"steps": 1, "prompts_per_step": 2, "num_generations": 4, "bf16": False, "max_turns": 3,
-           "max_new_tokens": 16, "save_steps": 0}
+TINY_RL = {
+    "steps": 1,
+    "prompts_per_step": 2,
+    "num_generations": 4,
+    "bf16": False,
+    "max_turns": 3,
+    "max_new_tokens": 16,
+    "save_steps": 0,
+}
 
 
 def _experiment(tmp_path, **changes) -> Path:
     data = {
         "name": "mini",
         "stages": ["world", "index", "synthesize", "sft", "rl", "eval"],
-        "world": TINY_WORLD, "index": {"name": "bm25"},
+        "world": TINY_WORLD,
+        "index": {"name": "bm25"},
         "synthesize": {"template": "minimal", "doc_style": "plain"},
-        "sft": TINY_SFT, "rl": TINY_RL, "eval": {"limit": 12, "max_turns": 3, "max_new_tokens": 16},
+        "sft": TINY_SFT,
+        "rl": TINY_RL,
+        "eval": {"limit": 12, "max_turns": 3, "max_new_tokens": 16},
         "variants": {
             "bm25": {"stages": ["world", "index"]},
             "rank": {"stages": ["world", "index"], "set": ["index.name=rank", "index.backend=rank-bm25"]},
             "main": {"set": ["eval.retrievers=[${bm25.index},${rank.index}]"]},
             "nomask": {"set": ["rl.mask_retrieved=false", "eval.systems=[rl]"]},
         },
-        "table": {"RAG": "main/rag@bm25", "SFT": "main/sft@bm25", "SFT + GRPO": "main/rl@bm25",
-                  "SFT + GRPO, rank-bm25": "main/rl@rank-bm25:rank", "no masking": "nomask/rl"},
+        "table": {
+            "RAG": "main/rag@bm25",
+            "SFT": "main/sft@bm25",
+            "SFT + GRPO": "main/rl@bm25",
+            "SFT + GRPO, rank-bm25": "main/rl@rank-bm25:rank",
+            "no masking": "nomask/rl",
+        },
     }
     data.update(changes)
     path = tmp_path / "exp.yaml"
@@ -44,8 +59,10 @@ def test_experiment_shares_artifacts_fills_placeholders_and_writes_the_table(tmp
     runs = tmp_path / "runs"
     ref = run_file(_experiment(tmp_path), ["rl.seed=3"], runs)
     # one world, synthesis and SFT for every variant; two indexes; two RL policies (mask on/off)
-    counts = {s: len([d for d in (runs / s).iterdir() if not d.name.startswith(".")])
-              for s in ("world", "index", "synthesize", "sft", "rl", "eval")}
+    counts = {
+        s: len([d for d in (runs / s).iterdir() if not d.name.startswith(".")])
+        for s in ("world", "index", "synthesize", "sft", "rl", "eval")
+    }
     assert counts == {"world": 1, "index": 2, "synthesize": 1, "sft": 1, "rl": 2, "eval": 2}
     table = json.loads((ref.path / "table.json").read_text())
     rows = {r["label"]: r for r in table["rows"]}
@@ -63,14 +80,27 @@ def test_experiment_shares_artifacts_fills_placeholders_and_writes_the_table(tmp
     assert again.path == ref.path and (again.path / "table.md").read_text() == md
 
 
-@pytest.mark.parametrize("change, needles", [
-    ({"table": {"x": "nope/rl"}}, ["table.x", "'nope/rl'"]),
-    ({"variants": {"a": {"stages": ["world"], "set": ["rl.lr=1"]}}, "table": {"x": "a/rl"}},
-     ["variants.a.set", "'rl'"]),
-    ({"variants": {"a": {"set": ["eval.retrievers=[${later.index}]"]}, "later": {"stages": ["world", "index"]}},
-      "table": {"x": "a/rl"}}, ["${later.index}", "earlier variant"]),
-    ({"variants": {"a": {"sets": []}}, "table": {"x": "a/rl"}}, ["variants.a", "stages"]),
-])
+@pytest.mark.parametrize(
+    "change, needles",
+    [
+        ({"table": {"x": "nope/rl"}}, ["table.x", "'nope/rl'"]),
+        (
+            {"variants": {"a": {"stages": ["world"], "set": ["rl.lr=1"]}}, "table": {"x": "a/rl"}},
+            ["variants.a.set", "'rl'"],
+        ),
+        (
+            {
+                "variants": {
+                    "a": {"set": ["eval.retrievers=[${later.index}]"]},
+                    "later": {"stages": ["world", "index"]},
+                },
+                "table": {"x": "a/rl"},
+            },
+            ["${later.index}", "earlier variant"],
+        ),
+        ({"variants": {"a": {"sets": []}}, "table": {"x": "a/rl"}}, ["variants.a", "stages"]),
+    ],
+)
 def test_bad_experiments_fail_with_one_line(tmp_path, change, needles):
     path = _experiment(tmp_path, **change)
     out = r3rag_inprocess("run", path, "--runs-dir", tmp_path / "runs")
@@ -99,8 +129,9 @@ def test_replicate_ablations_dry_run_keeps_the_replication_settings_at_200_steps
         assert ablations[section] == base[section]
     assert set(ablations["variants"]) == {"main", "process", "nomask", "lora_rl"}
     assert not any("steps" in s for v in ablations["variants"].values() for s in v.get("set", []))
-    out = r3rag_inprocess("run", ROOT / "pipelines" / "replicate-ablations.yaml", "--dry-run",
-                          "--runs-dir", tmp_path / "runs")
+    out = r3rag_inprocess(
+        "run", ROOT / "pipelines" / "replicate-ablations.yaml", "--dry-run", "--runs-dir", tmp_path / "runs"
+    )
     assert out.returncode == 0, out.stderr
     assert "nomask: rl" in out.stdout and "steps=200" in out.stdout
 
@@ -113,9 +144,16 @@ def test_train_minutes_follow_a_model_another_variant_trained(tmp_path):
 
     base = tmp_path / "runs" / "base" / "b-1"
     (base / "model").mkdir(parents=True)
-    (base / "manifest.json").write_text(json.dumps({"stage": "base", "id": "b-1", "content_hash": "x", "seconds": 120.0}))
+    (base / "manifest.json").write_text(
+        json.dumps({"stage": "base", "id": "b-1", "content_hash": "x", "seconds": 120.0})
+    )
     rl = SimpleNamespace(manifest={"id": "r-1", "seconds": 30.0, "config": {"model": str(base / "model")}})
     assert _train_seconds("rl", {"rl": rl}) == 150.0
     rl.manifest["config"]["model"] = "Qwen/Qwen2.5-3B"  # a hub id: nothing to add
     assert _train_seconds("rl", {"rl": rl}) == 30.0
-    assert _train_seconds("rl", {"rl": rl, "base": SimpleNamespace(manifest=json.loads((base / "manifest.json").read_text()))}) == 150.0
+    assert (
+        _train_seconds(
+            "rl", {"rl": rl, "base": SimpleNamespace(manifest=json.loads((base / "manifest.json").read_text()))}
+        )
+        == 150.0
+    )

@@ -20,7 +20,14 @@ from r3rag.retrieval.server import make_app, running
 from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
 
 # a scripted system (search the question, answer the top title): no model, deterministic
-EVAL = ["systems=[tt]", "models.tt.scripted=top-title", "sft=", "rl=", "limit=24", "batch_size=1"]  # 6 chunks of 4: 6 searches
+EVAL = [
+    "systems=[tt]",
+    "models.tt.scripted=top-title",
+    "sft=",
+    "rl=",
+    "limit=24",
+    "batch_size=1",
+]  # 6 chunks of 4: 6 searches
 
 
 @pytest.fixture(scope="module")
@@ -87,8 +94,18 @@ def test_server_down_and_back_mid_eval(runs, tmp_path):
 def test_server_that_stays_down_is_one_error_naming_it(runs):
     url = f"http://127.0.0.1:{free_port()}"
     t0 = time.monotonic()
-    out = r3rag_inprocess("eval", "--runs-dir", runs, *[a for s in EVAL for a in ("--set", s)],
-                          "--set", f"retriever={url}", "--set", "index=", "--set", "name=down")
+    out = r3rag_inprocess(
+        "eval",
+        "--runs-dir",
+        runs,
+        *[a for s in EVAL for a in ("--set", s)],
+        "--set",
+        f"retriever={url}",
+        "--set",
+        "index=",
+        "--set",
+        "name=down",
+    )
     assert_one_line_error(out, f"retrieval server at {url} unreachable after 4 tries", "ConnectionRefused")
     assert time.monotonic() - t0 < 20  # bounded: 3 backoffs of 0.5, 1 and 2 s
     assert not list(runs.glob("eval/*down*")) and not list(runs.glob("eval/.tmp-*"))

@@ -46,11 +46,28 @@ def official_em(prediction, ground_truth):
 
 
 TRICKY = [
-    ("The Beatles", "Beatles"), ("the  beatles!!", "Beatles"), ("An apple", "apple"), ("a", "a"),
-    ("yes", "yes"), ("yes", "no"), ("no", "no answer"), ("noanswer", "no answer"), ("Yes.", "yes"),
-    ("", "Paris"), ("Paris", ""), ("3,677 seated", "3677 seated"), ("U.S.", "US"), ("the the the", "the"),
-    ("Théâtre", "theatre"), ("New York City", "New York"), ("York New", "New York"), ("1,000", "1000"),
-    ("Panther's", "Panthers"), ("  spaces   around ", "spaces around"), ("A-ha", "aha"), ("an", "a"),
+    ("The Beatles", "Beatles"),
+    ("the  beatles!!", "Beatles"),
+    ("An apple", "apple"),
+    ("a", "a"),
+    ("yes", "yes"),
+    ("yes", "no"),
+    ("no", "no answer"),
+    ("noanswer", "no answer"),
+    ("Yes.", "yes"),
+    ("", "Paris"),
+    ("Paris", ""),
+    ("3,677 seated", "3677 seated"),
+    ("U.S.", "US"),
+    ("the the the", "the"),
+    ("Théâtre", "theatre"),
+    ("New York City", "New York"),
+    ("York New", "New York"),
+    ("1,000", "1000"),
+    ("Panther's", "Panthers"),
+    ("  spaces   around ", "spaces around"),
+    ("A-ha", "aha"),
+    ("an", "a"),
 ]
 
 
@@ -78,7 +95,7 @@ def _real_pairs(rows, n_min=200):
         for p in r["metadata"].get("paragraphs", []):
             i = p["text"].find(gold)
             if p.get("is_supporting") and i >= 0:
-                pairs.append((p["text"][max(0, i - 30): i + len(gold) + 30], gold))
+                pairs.append((p["text"][max(0, i - 30) : i + len(gold) + 30], gold))
                 break
     assert len(pairs) >= n_min
     return pairs

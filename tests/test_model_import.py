@@ -22,11 +22,12 @@ def test_import_records_lineage_and_loads_like_any_model(smollm2_runs, smollm2):
     assert m["source_sha256"] == source["content_hash"]
     assert (ref.path / "model" / "model.safetensors").is_file()
     model, tok = smollm2
-    prompt = tok.apply_chat_template([{"role": "user", "content": "What is the capital of France?"}],
-                                     tokenize=False, add_generation_prompt=True)
+    prompt = tok.apply_chat_template(
+        [{"role": "user", "content": "What is the capital of France?"}], tokenize=False, add_generation_prompt=True
+    )
     ids = tok(prompt, return_tensors="pt", add_special_tokens=False)
     out = model.generate(**ids, max_new_tokens=8, do_sample=False)
-    assert "Paris" in tok.decode(out[0, ids["input_ids"].shape[1]:])  # the pretrained weights, not noise
+    assert "Paris" in tok.decode(out[0, ids["input_ids"].shape[1] :])  # the pretrained weights, not noise
 
 
 def test_model_ref_resolves_and_is_hashed_by_content(smollm2_runs):
@@ -51,10 +52,13 @@ def test_reimport_is_reused(smollm2_runs):
     assert run_stage("model", None, [], runs).path == ref.path  # same source content: no second import
 
 
-@pytest.mark.parametrize("source, needle", [
-    ("missing.gguf", "GGUF file not found"),
-    ("model.bin", "not a model directory"),  # neither GGUF nor a transformers directory
-])
+@pytest.mark.parametrize(
+    "source, needle",
+    [
+        ("missing.gguf", "GGUF file not found"),
+        ("model.bin", "not a model directory"),  # neither GGUF nor a transformers directory
+    ],
+)
 def test_bad_source_is_one_line(tmp_path, source, needle):
     out = r3rag_inprocess("import-model", str(tmp_path / source), "--runs-dir", tmp_path / "runs")
     assert_one_line_error(out, needle)
@@ -91,8 +95,17 @@ def test_gguf_of_an_architecture_transformers_cannot_load(tmp_path):
 def test_real_world_from_shared_files(shared_root, tmp_path):
     from r3rag.pipeline import run_stage
 
-    ref = run_stage("world", None, ["source=files", "train=[hotpotqa/train_hipporag_sample.jsonl]",
-                                    "test=[hotpotqa/dev_hoprag_examples.jsonl]", "limits={train: 5}"], tmp_path)
+    ref = run_stage(
+        "world",
+        None,
+        [
+            "source=files",
+            "train=[hotpotqa/train_hipporag_sample.jsonl]",
+            "test=[hotpotqa/dev_hoprag_examples.jsonl]",
+            "limits={train: 5}",
+        ],
+        tmp_path,
+    )
     m = ref.manifest["metrics"]
     assert m["train_questions"] == 5 and m["test_questions"] == 10 and m["gold_in_corpus"] == 1.0
     docs = [json.loads(line) for line in open(ref.path / "corpus.jsonl")]
@@ -110,6 +123,7 @@ def test_real_world_drops_training_questions_that_are_evaluated(shared_root, tmp
 
 
 def test_real_world_missing_file_is_one_line(shared_root, tmp_path):
-    out = r3rag_inprocess("world", "--set", "source=files", "--set", "test=[nope/missing.jsonl]",
-                          "--runs-dir", tmp_path / "runs")
+    out = r3rag_inprocess(
+        "world", "--set", "source=files", "--set", "test=[nope/missing.jsonl]", "--runs-dir", tmp_path / "runs"
+    )
     assert_one_line_error(out, "world.test", "missing.jsonl")

@@ -127,8 +127,10 @@ def test_no_key_sends_no_credentials_and_urls_and_extra_fields_pass_as_given(mon
 
 def test_ctrl_c_cancels_the_requests_in_flight():
     main = threading.get_ident()
-    with ChatServer(reply=echo, faults=first_n(["hang"]), hang_seconds=30) as srv, \
-            client(srv, concurrency=1, timeout=20) as c:
+    with (
+        ChatServer(reply=echo, faults=first_n(["hang"]), hang_seconds=30) as srv,
+        client(srv, concurrency=1, timeout=20) as c,
+    ):
         threading.Timer(0.5, signal.pthread_kill, (main, signal.SIGINT)).start()
         t0 = time.monotonic()
         with pytest.raises(KeyboardInterrupt):

@@ -28,7 +28,10 @@ def test_malformed_turns_are_invalid_with_a_reason():
 def test_render_docs_styles_and_truncation():
     hits = [Hit("d1", 1.0, "Velmar", "Velmar is a city in Dorland ."), Hit("d2", 0.5, "Korla", "Korla is a city .")]
     r1 = Protocol(doc_style="search-r1").render_docs(hits)
-    assert r1 == "\n<information> Doc 1(Title: Velmar) Velmar is a city in Dorland .\nDoc 2(Title: Korla) Korla is a city . </information>\n"
+    assert (
+        r1
+        == "\n<information> Doc 1(Title: Velmar) Velmar is a city in Dorland .\nDoc 2(Title: Korla) Korla is a city . </information>\n"
+    )
     plain = Protocol(doc_style="plain", max_doc_chars=6).render_docs(hits)
     assert plain == "\n<information> Velmar Korla  </information>\n"
 
@@ -40,7 +43,9 @@ def test_prompt_templates():
 
 
 def test_turn_writers_round_trip_through_the_parser():
-    assert P.parse_step(P.search_turn("Zentro Labs founded", "Ava works for Zentro Labs .")).query == "Zentro Labs founded"
+    assert (
+        P.parse_step(P.search_turn("Zentro Labs founded", "Ava works for Zentro Labs .")).query == "Zentro Labs founded"
+    )
     assert P.parse_step(P.answer_turn("1987")).answer == "1987"
     assert P.is_well_formed([P.search_turn("q"), P.answer_turn("a")])
     assert not P.is_well_formed([P.search_turn("q")])
@@ -51,8 +56,10 @@ R3 = Protocol(name="r3rag")
 
 def test_r3rag_steps_are_parsed_and_written_in_one_format():
     q = R3.search_turn("Who founded Zentro Labs?", "I need the founder.", step=2)
-    assert q == ("Step 2:\nThe problem analysis: I need the founder.\nThe retrieval query: Who founded Zentro Labs?"
-                 "\nThe retrieval documents:")
+    assert q == (
+        "Step 2:\nThe problem analysis: I need the founder.\nThe retrieval query: Who founded Zentro Labs?"
+        "\nThe retrieval documents:"
+    )
     assert R3.parse_step(q).query == "Who founded Zentro Labs?"
     a = R3.answer_turn("Ava Smith", "Found it.", step=3)
     assert (R3.parse_step(a).kind, R3.parse_step(a).answer) == ("answer", "Ava Smith")
@@ -85,8 +92,12 @@ def test_close_turn_puts_back_what_an_api_cut():
 def test_teacher_messages_for_both_protocols():
     from r3rag.env import Trajectory, Turn
 
-    t = Trajectory("1", "Who?", Protocol(template="minimal").prompt("Who?"),
-                   turns=[Turn("model", "<search> a </search>"), Turn("env", "\n<information> d </information>\n")])
+    t = Trajectory(
+        "1",
+        "Who?",
+        Protocol(template="minimal").prompt("Who?"),
+        turns=[Turn("model", "<search> a </search>"), Turn("env", "\n<information> d </information>\n")],
+    )
     msgs = P.teacher_messages(t)
     assert [m["role"] for m in msgs] == ["user", "assistant", "user"]
     assert "<search> query </search>" in msgs[0]["content"]  # the full instruction, whatever the student template

@@ -23,15 +23,18 @@ def test_loads_the_schema_with_string_ids_and_limit(tmp_path):
     assert [q["id"] for q in load_questions(p, limit=2)] == ["7", "b"]
 
 
-@pytest.mark.parametrize("bad, line, needle", [
-    ({"question": "Who?", "golden_answers": ["a"]}, 2, "missing required field 'id'"),
-    ({**GOOD, "id": "z", "golden_answers": []}, 2, "golden_answers"),
-    ({**GOOD, "id": "z", "golden_answers": "Ava"}, 2, "golden_answers"),
-    ({**GOOD, "id": "z", "question": " "}, 2, "'question'"),
-    ({**GOOD, "id": "z", "metadata": [1]}, 2, "'metadata'"),
-    ({**GOOD}, 2, "duplicate id '7' (first on line 1)"),
-    ("{not json", 2, "malformed JSON"),
-])
+@pytest.mark.parametrize(
+    "bad, line, needle",
+    [
+        ({"question": "Who?", "golden_answers": ["a"]}, 2, "missing required field 'id'"),
+        ({**GOOD, "id": "z", "golden_answers": []}, 2, "golden_answers"),
+        ({**GOOD, "id": "z", "golden_answers": "Ava"}, 2, "golden_answers"),
+        ({**GOOD, "id": "z", "question": " "}, 2, "'question'"),
+        ({**GOOD, "id": "z", "metadata": [1]}, 2, "'metadata'"),
+        ({**GOOD}, 2, "duplicate id '7' (first on line 1)"),
+        ("{not json", 2, "malformed JSON"),
+    ],
+)
 def test_bad_lines_name_file_and_line(tmp_path, bad, line, needle):
     p = write(tmp_path, [GOOD, bad])
     with pytest.raises(UserError) as e:

@@ -14,8 +14,7 @@ from tests.conftest import TINY_WORLD
 
 QA = Protocol(template="qa", doc_style="plain")
 READER = ["teacher=oracle", "template=qa", "doc_style=plain"]
-TINY_SFT = ["layers=1", "hidden=32", "heads=2", "intermediate=64", "epochs=1", "batch_size=16", "lr=1e-2",
-            "bf16=false"]
+TINY_SFT = ["layers=1", "hidden=32", "heads=2", "intermediate=64", "epochs=1", "batch_size=16", "lr=1e-2", "bf16=false"]
 
 
 @pytest.fixture(scope="module")
@@ -27,8 +26,7 @@ def runs(tmp_path_factory):
 
 
 def _reader_data(runs, reader: str, top_k: int = 3):
-    return run_stage("synthesize", None, READER + [f"reader={reader}", f"top_k={top_k}", f"name={reader}{top_k}"],
-                     runs)
+    return run_stage("synthesize", None, READER + [f"reader={reader}", f"top_k={top_k}", f"name={reader}{top_k}"], runs)
 
 
 def _questions(runs) -> dict[str, dict]:
@@ -44,7 +42,9 @@ def test_reader_trajectories_answer_after_the_prefill_with_their_documents_in_th
     for r in rows:
         q = questions[r["id"]]
         assert [(t["role"], t["text"]) for t in r["turns"]] == [
-            ("env", "<answer> "), ("model", f"{q['golden_answers'][0]} </answer>")]
+            ("env", "<answer> "),
+            ("model", f"{q['golden_answers'][0]} </answer>"),
+        ]
         assert r["finish_reason"] == "answer" and r["answer"] == q["golden_answers"][0]
         if reader == "closed-book":
             assert r["documents"] == [] and r["prompt"] == QA.prompt(q["question"])
@@ -93,8 +93,9 @@ def test_a_tiny_reader_trains_and_eval_runs_it_closed_book_and_with_rag(runs):
     start = tiny_model(tok, layers=1, hidden=32, heads=2, intermediate=64)  # the seeded init sft started from
     assert any(not torch.equal(a, b) for a, b in zip(model.state_dict().values(), start.state_dict().values()))
     assert sft.manifest["metrics"]["steps"] > 0
-    ev = run_stage("eval", None, [f"sft={sft.path}", "rl=", "systems=[direct,rag]", "limit=8", "top_k=3",
-                                  "max_new_tokens=8"], runs)
+    ev = run_stage(
+        "eval", None, [f"sft={sft.path}", "rl=", "systems=[direct,rag]", "limit=8", "top_k=3", "max_new_tokens=8"], runs
+    )
     preds = read_jsonl(ev.path / "predictions.jsonl")
     assert {p["system"] for p in preds} == {"direct", "rag"} and len(preds) == 16
     assert {p["searches"] for p in preds if p["system"] == "rag"} == {1}

@@ -15,20 +15,44 @@ SYSTEMS = ["closed-book", "rag-top3", "ircot", "sft", "rl"]
 # A few questions, one epoch (LoRA: make real covers full fine-tuning), 2 GRPO steps of 2 x 2, short
 # turns, three of the pipeline's five prompted baselines, documents cut as the policies see them:
 # every stage, ~3-4 min on 2 quiet cores.
-PROMPTED = ("{closed-book: {model: model:latest, template: qa, mode: direct, max_doc_chars: 300}, "
-            "rag-top3: {model: model:latest, template: qa, mode: rag, top_k: 3, max_doc_chars: 300}, "
-            "ircot: {model: model:latest, protocol: ircot, mode: iterative, max_doc_chars: 300}}")
-MINIATURE = ["model.name=smollm2-135m-instruct", "world.limits={train: 3, test: 1}", "sft.epochs=1", "sft.limit=2",
-             "sft.grad_accum=1", "sft.warmup_ratio=0",  # one step, and at full lr (a warm-up step is at lr 0)
-             "sft.lora=true", "rl.steps=2", "rl.prompts_per_step=2", "rl.num_generations=2", "rl.max_new_tokens=24",
-             "rl.max_turns=2", "rl.max_completion_tokens=640", "rl.save_steps=0", "eval.max_new_tokens=24",
-             "eval.max_turns=2", f"eval.models={PROMPTED}", f"eval.systems=[{', '.join(SYSTEMS)}]"]
+PROMPTED = (
+    "{closed-book: {model: model:latest, template: qa, mode: direct, max_doc_chars: 300}, "
+    "rag-top3: {model: model:latest, template: qa, mode: rag, top_k: 3, max_doc_chars: 300}, "
+    "ircot: {model: model:latest, protocol: ircot, mode: iterative, max_doc_chars: 300}}"
+)
+MINIATURE = [
+    "model.name=smollm2-135m-instruct",
+    "world.limits={train: 3, test: 1}",
+    "sft.epochs=1",
+    "sft.limit=2",
+    "sft.grad_accum=1",
+    "sft.warmup_ratio=0",  # one step, and at full lr (a warm-up step is at lr 0)
+    "sft.lora=true",
+    "rl.steps=2",
+    "rl.prompts_per_step=2",
+    "rl.num_generations=2",
+    "rl.max_new_tokens=24",
+    "rl.max_turns=2",
+    "rl.max_completion_tokens=640",
+    "rl.save_steps=0",
+    "eval.max_new_tokens=24",
+    "eval.max_turns=2",
+    f"eval.models={PROMPTED}",
+    f"eval.systems=[{', '.join(SYSTEMS)}]",
+]
 
 
 @pytest.mark.parametrize("name", ["real-smollm2.yaml", "real-smollm2-gpu.yaml"])
 def test_hub_model_plans_with_one_setting(tmp_path, name):
-    out = r3rag_inprocess("run", PIPELINE.parent / name, "--dry-run", "--runs-dir", tmp_path,
-                          "--set", "model.source=Qwen/Qwen2.5-3B-Instruct")
+    out = r3rag_inprocess(
+        "run",
+        PIPELINE.parent / name,
+        "--dry-run",
+        "--runs-dir",
+        tmp_path,
+        "--set",
+        "model.source=Qwen/Qwen2.5-3B-Instruct",
+    )
     assert out.returncode == 0, out.stderr
     assert "dry run: the config is valid" in out.stdout and "Qwen/Qwen2.5-3B-Instruct" in out.stdout
 

@@ -25,7 +25,7 @@ def test_the_fresh_seed_was_never_used_and_runs_last():
     p = _load_pipeline(PIPELINES / "replicate.yaml")
     names = list(p["variants"])
     fresh = [n for n in names if "world.seed" in _sets(p["variants"][n])]
-    assert fresh and names[-len(fresh):] == fresh  # read once, after everything tuned on dev
+    assert fresh and names[-len(fresh) :] == fresh  # read once, after everything tuned on dev
     seeds = {_sets(p["variants"][n])["world.seed"] for n in fresh}
     used = {str(_load_pipeline(PIPELINES / f)["world"].get("seed", 0)) for f in ("demo.yaml", "replicate.yaml")}
     assert len(seeds) == 1 and not seeds & used
@@ -40,8 +40,14 @@ def test_readers_train_on_the_cold_starts_questions_and_budget():
     assert {_sets(v)["synthesize.reader"] for v in readers.values()} == {"closed-book", "rag", "gold"}
     for name, v in readers.items():
         keys = set(_sets(v)) - {"world.seed"}
-        assert keys <= {"synthesize.reader", "synthesize.template", "synthesize.top_k", "eval.systems", "eval.top_k",
-                        "eval.rl"}, name
+        assert keys <= {
+            "synthesize.reader",
+            "synthesize.template",
+            "synthesize.top_k",
+            "eval.systems",
+            "eval.top_k",
+            "eval.rl",
+        }, name
         assert _sets(v)["synthesize.template"] == "qa"
         if _sets(v)["synthesize.reader"] == "rag":  # trained at the depth it is evaluated at
             assert _sets(v)["synthesize.top_k"] == _sets(v)["eval.top_k"]

@@ -32,12 +32,18 @@ CITIES = ["Velmar", "Korla", "Dunmore", "Ostrava", "Tarsk"]
 def small_corpus(n: int = 50) -> list[dict]:
     docs = [{"id": f"t{i}", "title": t, "text": x} for i, (t, x) in enumerate(TOPICS)]
     for i in range(n - len(docs)):
-        docs.append({"id": f"p{i}", "title": f"Person {i}",
-                     "text": f"Person {i} is a {JOBS[i % 7]} who lives in {CITIES[i % 5]} and was born in {1950 + i}."})
+        docs.append(
+            {
+                "id": f"p{i}",
+                "title": f"Person {i}",
+                "text": f"Person {i} is a {JOBS[i % 7]} who lives in {CITIES[i % 5]} and was born in {1950 + i}.",
+            }
+        )
     return docs
 
 
 # --- bm25 vs the rank_bm25 reference on real data ---------------------------------------------------
+
 
 def test_bm25_agrees_with_rank_bm25_on_hotpotqa(hotpotqa_pool):
     docs, rows = hotpotqa_pool
@@ -76,10 +82,15 @@ def test_save_load_roundtrip(backend, tmp_path):
 
 # --- dense ------------------------------------------------------------------------------------------
 
+
 def test_dense_finds_paraphrase_with_every_index_type():
     docs = small_corpus(len(TOPICS))
-    queries = ["how do green plants make food from light", "a currency on the internet with no bank behind it",
-               "a fiddle", "which drug did Fleming find"]
+    queries = [
+        "how do green plants make food from light",
+        "a currency on the internet with no bank behind it",
+        "a fiddle",
+        "which drug did Fleming find",
+    ]
     want = ["t2", "t3", "t1", "t5"]
     flat = DenseRetriever.build(docs)
     assert [hs[0].doc_id for hs in flat.search(queries, 3)] == want
@@ -95,6 +106,7 @@ def test_dense_missing_encoder_is_a_user_error(tmp_path):
 
 
 # --- hybrid -----------------------------------------------------------------------------------------
+
 
 class Stub:
     def __init__(self, ids):
@@ -118,6 +130,7 @@ def test_hybrid_rrf_by_hand():
 
 
 # --- r3rag index ------------------------------------------------------------------------------------
+
 
 def _corpus_file(tmp_path, docs, name="c.jsonl"):
     path = tmp_path / name
@@ -159,12 +172,16 @@ def test_index_stage_end_to_end(backend, tmp_path):
 
 # --- evaluation -------------------------------------------------------------------------------------
 
+
 def test_retrieval_metrics_by_hand():
     docs = small_corpus(len(TOPICS))
     r = BM25Retriever.build(docs)
     questions = [
-        {"question": "lava volcano", "golden_answers": ["molten lava"],
-         "metadata": {"supporting_titles": ["Volcano"], "paragraphs": [{"title": "Bitcoin", "is_supporting": True}]}},
+        {
+            "question": "lava volcano",
+            "golden_answers": ["molten lava"],
+            "metadata": {"supporting_titles": ["Volcano"], "paragraphs": [{"title": "Bitcoin", "is_supporting": True}]},
+        },
         {"question": "planet crust", "golden_answers": ["Fleming"], "metadata": {}},
     ]
     m = retrieval_metrics(r, questions, ks=(1, 6), hop_queries=[["lava"], ["digital currency", "antibiotic"]])

@@ -7,13 +7,25 @@ from r3rag.errors import UserError
 from r3rag.judge import JudgeError, JudgeSpec
 from r3rag.protocol import Protocol
 from r3rag.relevance import EmbeddingRelevance, gold_relevance, parse_relevance
-from r3rag.rewards import (R3ragWeights, RewardScorer, RewardSettings, SearchR1Format,
-                           r3rag_reward, rollout_stats, search_r1_format_reward, trl_reward_funcs)
+from r3rag.rewards import (
+    R3ragWeights,
+    RewardScorer,
+    RewardSettings,
+    SearchR1Format,
+    r3rag_reward,
+    rollout_stats,
+    search_r1_format_reward,
+    trl_reward_funcs,
+)
 from tests.chat_server import ChatServer, last_user_text
 
 P = Protocol()
-EX = {"id": "q1", "question": "Where is the company Ava Smith works for?", "golden_answers": ["Velmar"],
-      "metadata": {"supporting_docs": ["p1", "c1"]}}
+EX = {
+    "id": "q1",
+    "question": "Where is the company Ava Smith works for?",
+    "golden_answers": ["Velmar"],
+    "metadata": {"supporting_docs": ["p1", "c1"]},
+}
 DOC_P1 = {"id": "p1", "title": "Ava Smith", "text": "Ava Smith works for Zentro Labs .", "score": 2.0}
 DOC_C1 = {"id": "c1", "title": "Zentro Labs", "text": "Zentro Labs is headquartered in Velmar .", "score": 2.0}
 DOC_X = {"id": "x9", "title": "Mira Oak", "text": "Mira Oak was born in Dunmore .", "score": 1.0}
@@ -37,12 +49,19 @@ def traj(model_texts, docs_per_search, answer=None, finish="answer"):
     return t
 
 
-GOOD = traj(["<think> first Ava </think> <search> Ava Smith works </search>",
-             "<search> Zentro Labs headquartered </search>", "<answer> Velmar </answer>"],
-            [[DOC_P1, DOC_X], [DOC_C1]], answer="Velmar")
+GOOD = traj(
+    [
+        "<think> first Ava </think> <search> Ava Smith works </search>",
+        "<search> Zentro Labs headquartered </search>",
+        "<answer> Velmar </answer>",
+    ],
+    [[DOC_P1, DOC_X], [DOC_C1]],
+    answer="Velmar",
+)
 WRONG = traj(["<search> Ava Smith works </search>", "<answer> Dunmore </answer>"], [[DOC_X]], answer="Dunmore")
-REPEAT = traj(["<search> Ava Smith </search>", "<search> Ava Smith </search>"], [[DOC_P1], [DOC_P1]],
-              finish="max_turns")
+REPEAT = traj(
+    ["<search> Ava Smith </search>", "<search> Ava Smith </search>"], [[DOC_P1], [DOC_P1]], finish="max_turns"
+)
 BROKEN = traj(["<search> Ava Smith </search>", "<search> unclosed"], [[DOC_P1]], finish="invalid")
 
 
@@ -69,8 +88,9 @@ def test_search_r1_graded_format_matches_the_v03_table():
     assert search_r1_format_reward(GOOD, EX, valid=True, w=w) == 1.0
     assert search_r1_format_reward(GOOD, EX, valid=False, w=w) == pytest.approx(0.8)
     assert search_r1_format_reward(WRONG, EX, valid=True, w=w) == pytest.approx(0.2)  # no gold in its docs
-    wrong_but_found = traj(["<search> Zentro Labs </search>", "<answer> Dunmore </answer>"], [[DOC_C1]],
-                           answer="Dunmore")
+    wrong_but_found = traj(
+        ["<search> Zentro Labs </search>", "<answer> Dunmore </answer>"], [[DOC_C1]], answer="Dunmore"
+    )
     assert search_r1_format_reward(wrong_but_found, EX, valid=True, w=w) == pytest.approx(0.3)
     assert search_r1_format_reward(WRONG, EX, valid=False, w=w) == pytest.approx(0.1)
     assert search_r1_format_reward(BROKEN, EX, valid=False, w=w) == 0.0
@@ -126,8 +146,14 @@ def test_trl_reward_funcs_log_every_component_and_weight_the_named_ones():
     assert weights == [1.0, 0.0, 0.0, 0.0, 0.5]
     logged = {}
     rows = scorer.score([GOOD, WRONG], [EX, EX])
-    out = funcs[0](prompts=["p", "p"], completions=["c", "c"], scores=rows, finish_reason=["answer", "max_turns"],
-                   num_searches=[2, 1], log_metric=logged.__setitem__)
+    out = funcs[0](
+        prompts=["p", "p"],
+        completions=["c", "c"],
+        scores=rows,
+        finish_reason=["answer", "max_turns"],
+        num_searches=[2, 1],
+        log_metric=logged.__setitem__,
+    )
     assert out == [1.0, 0.0]
     assert logged["rollout/searches"] == 1.5 and logged["rollout/finish_answer"] == 0.5
     assert rollout_stats({"finish_reason": ["invalid"], "num_searches": [0]})["rollout/finish_invalid"] == 1.0
@@ -144,11 +170,14 @@ def judge_reply(body):
 def test_llm_judge_scores_relevance_and_outcome_over_http():
     with ChatServer(reply=judge_reply) as srv:
         settings = RewardSettings(relevance="judge", judge=JudgeSpec(endpoint=srv.url, model="judge-model"))
-        city = traj(["<search> Ava Smith </search>", "<answer> velmar city </answer>"], [[DOC_P1]],
-                    answer="velmar city")
-        rows = scores({"r3rag": 1.0, "judge": 0.0, "relevance": 0.0},
-                      RewardSettings(relevance="judge", judge=settings.judge, r3rag=R3ragWeights(correct="judge")),
-                      trajs=[GOOD, WRONG, city])
+        city = traj(
+            ["<search> Ava Smith </search>", "<answer> velmar city </answer>"], [[DOC_P1]], answer="velmar city"
+        )
+        rows = scores(
+            {"r3rag": 1.0, "judge": 0.0, "relevance": 0.0},
+            RewardSettings(relevance="judge", judge=settings.judge, r3rag=R3ragWeights(correct="judge")),
+            trajs=[GOOD, WRONG, city],
+        )
         bodies = [last_user_text(b) for b in srv.bodies()]
     assert [r["relevance"] for r in rows] == pytest.approx([(0.9 + 0.9) / 2, 0.1, 0.9])
     assert [r["judge"] for r in rows] == [1.0, 0.0, 0.0]  # GOOD string-matches; "velmar city" is judged

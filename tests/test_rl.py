@@ -23,12 +23,17 @@ from r3rag.training import completion_with_eos
 from tests.cli_helpers import assert_one_line_error, r3rag
 
 ROOT = Path(__file__).resolve().parents[1]
-DOCS = [{"id": "p1", "title": "Ava Smith", "text": "Ava Smith works for Zentro Labs ."},
-        {"id": "c1", "title": "Zentro Labs", "text": "Zentro Labs is headquartered in Velmar ."}]
+DOCS = [
+    {"id": "p1", "title": "Ava Smith", "text": "Ava Smith works for Zentro Labs ."},
+    {"id": "c1", "title": "Zentro Labs", "text": "Zentro Labs is headquartered in Velmar ."},
+]
 P = Protocol(template="minimal", doc_style="plain")
 Q = {"id": "q", "question": "Where is it ?", "golden_answers": ["Velmar"]}
-RIGHT = ["<search> Ava Smith works </search>", "<search> Zentro Labs headquartered </search>",
-         "<answer> Velmar </answer>"]
+RIGHT = [
+    "<search> Ava Smith works </search>",
+    "<search> Zentro Labs headquartered </search>",
+    "<answer> Velmar </answer>",
+]
 LOST = ["<search> Ava Smith works </search>", "<search> Ava Smith </search>", "<search> Smith </search>"]
 
 
@@ -105,12 +110,12 @@ def test_grpo_loss_gives_retrieved_tokens_exactly_zero_gradient(tmp_path):
         # TRL shuffles the batch: find this trajectory's row by its token ids
         ids = torch.tensor(trajs[i].prompt_ids + batch["completion_ids"][i])
         (row,) = [r for r in range(len(input_ids)) if torch.equal(input_ids[r, : len(ids)], ids)]
-        g = grad[row, n_prompt - 1: n_prompt - 1 + len(mask)]  # hidden state n_prompt-1+j predicts token j
+        g = grad[row, n_prompt - 1 : n_prompt - 1 + len(mask)]  # hidden state n_prompt-1+j predicts token j
         m = torch.tensor(mask, dtype=torch.bool)
         assert torch.all(g[~m] == 0), i
         assert torch.all(g[m] > 0), i
         assert (~m).sum() > 10  # the documents really are in there
-        assert grad[row, : n_prompt - 1].sum() == 0 and grad[row, n_prompt - 1 + len(mask):].sum() == 0
+        assert grad[row, : n_prompt - 1].sum() == 0 and grad[row, n_prompt - 1 + len(mask) :].sum() == 0
     assert any((a - b).abs().max() > 0 for a, b in zip(before, model.parameters()))
 
 
@@ -119,15 +124,42 @@ def test_rl_stage_writes_metrics_rollouts_and_reward_curves(pipeline_runs):
     from r3rag.pipeline import run_stage
 
     runs, _ = pipeline_runs
-    ref = run_stage("rl", None, ["name=observe", "steps=2", "prompts_per_step=2", "num_generations=2", "bf16=false",
-                                 "max_turns=2", "max_new_tokens=12", "save_steps=1", "rollout_samples=1",
-                                 "rewards={em: 1.0, search_r1_format: 0.5, r3rag: 0.0}"], runs)
+    ref = run_stage(
+        "rl",
+        None,
+        [
+            "name=observe",
+            "steps=2",
+            "prompts_per_step=2",
+            "num_generations=2",
+            "bf16=false",
+            "max_turns=2",
+            "max_new_tokens=12",
+            "save_steps=1",
+            "rollout_samples=1",
+            "rewards={em: 1.0, search_r1_format: 0.5, r3rag: 0.0}",
+        ],
+        runs,
+    )
     rows = read_jsonl(ref.path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2]
-    for key in ("reward", "rewards/em/mean", "rewards/f1/mean", "rewards/cover/mean", "rewards/format/mean",
-                "rewards/search_r1_format/mean", "rewards/r3rag/mean", "rollout/searches", "rollout/finish_answer",
-                "completions/mean_length", "entropy", "time/step", "time/generation", "time/retrieval",
-                "time/optimizer"):
+    for key in (
+        "reward",
+        "rewards/em/mean",
+        "rewards/f1/mean",
+        "rewards/cover/mean",
+        "rewards/format/mean",
+        "rewards/search_r1_format/mean",
+        "rewards/r3rag/mean",
+        "rollout/searches",
+        "rollout/finish_answer",
+        "completions/mean_length",
+        "entropy",
+        "time/step",
+        "time/generation",
+        "time/retrieval",
+        "time/optimizer",
+    ):
         assert key in rows[0], key
     assert 0 <= rows[0]["rollout/finish_answer"] <= 1 and rows[0]["time/step"] > rows[0]["time/generation"] > 0
     rollouts = read_jsonl(ref.path / "rollouts.jsonl")
@@ -138,9 +170,33 @@ def test_rl_stage_writes_metrics_rollouts_and_reward_curves(pipeline_runs):
 
 
 def _rl_cmd(runs, *extra):
-    return [sys.executable, "-m", "r3rag.cli", "rl", "--runs-dir", str(runs), "--set", "name=killed",
-            "--set", "steps=12", "--set", "save_steps=2", "--set", "prompts_per_step=2", "--set", "num_generations=2",
-            "--set", "bf16=false", "--set", "max_turns=2", "--set", "max_new_tokens=12", "--set", "threads=1", *extra]
+    return [
+        sys.executable,
+        "-m",
+        "r3rag.cli",
+        "rl",
+        "--runs-dir",
+        str(runs),
+        "--set",
+        "name=killed",
+        "--set",
+        "steps=12",
+        "--set",
+        "save_steps=2",
+        "--set",
+        "prompts_per_step=2",
+        "--set",
+        "num_generations=2",
+        "--set",
+        "bf16=false",
+        "--set",
+        "max_turns=2",
+        "--set",
+        "max_new_tokens=12",
+        "--set",
+        "threads=1",
+        *extra,
+    ]
 
 
 @pytest.mark.slow
@@ -190,8 +246,11 @@ def test_vllm_auto_uses_vllm_only_where_it_is_installed_and_a_gpu_is_present(mon
     from r3rag.grpo import resolve_vllm
 
     find_spec = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: (object() if installed else None) if name == "vllm" else find_spec(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: (object() if installed else None) if name == "vllm" else find_spec(name, *a),
+    )
     monkeypatch.setattr(torch.cuda, "is_available", lambda: gpu)
     assert resolve_vllm("auto") == expected
     assert resolve_vllm("") == ""
@@ -208,8 +267,7 @@ def test_recipe_pipelines_parse_with_the_config_loader(name):
     path = ROOT / "pipelines" / name
     data = _load_pipeline(path)
     stages = data.get("stages") or [s for s in STAGE_ORDER if s in data]
-    configs = {s: build_config(_stage_module(s).Config, _section(data, s, path), where=f"{path}: {s}")
-               for s in stages}
+    configs = {s: build_config(_stage_module(s).Config, _section(data, s, path), where=f"{path}: {s}") for s in stages}
     assert "rl" in configs
     if name != "demo.yaml":
         rl = configs["rl"]
@@ -231,11 +289,38 @@ def test_two_processes_on_cpu_each_roll_out_their_share(pipeline_runs, tmp_path)
 
     runs, _ = pipeline_runs
     port = str(29500 + os.getpid() % 1000)
-    cmd = [sys.executable, "-m", "accelerate.commands.launch", "--config_file",
-           str(ROOT / "pipelines/accelerate/cpu-2proc.yaml"), "--main_process_port", port, "-m", "r3rag.cli", "rl",
-           "--runs-dir", str(runs), "--set", "name=two", "--set", "steps=2", "--set", "prompts_per_step=2",
-           "--set", "num_generations=2", "--set", "bf16=false", "--set", "max_turns=2", "--set", "max_new_tokens=12",
-           "--set", "threads=1", "--set", "rollout_samples=2"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "accelerate.commands.launch",
+        "--config_file",
+        str(ROOT / "pipelines/accelerate/cpu-2proc.yaml"),
+        "--main_process_port",
+        port,
+        "-m",
+        "r3rag.cli",
+        "rl",
+        "--runs-dir",
+        str(runs),
+        "--set",
+        "name=two",
+        "--set",
+        "steps=2",
+        "--set",
+        "prompts_per_step=2",
+        "--set",
+        "num_generations=2",
+        "--set",
+        "bf16=false",
+        "--set",
+        "max_turns=2",
+        "--set",
+        "max_new_tokens=12",
+        "--set",
+        "threads=1",
+        "--set",
+        "rollout_samples=2",
+    ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     art = Path(out.stdout.strip().splitlines()[-1])

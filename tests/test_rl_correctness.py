@@ -17,10 +17,17 @@ from r3rag.retrieval.bm25 import BM25Retriever
 from r3rag.rewards import RewardScorer, RewardSettings
 from r3rag.training import LoraSettings, apply_lora, completion_with_eos
 
-DOCS = [{"id": "p1", "title": "Ava Smith", "text": "Ava Smith works for Zentro Labs ."},
-        {"id": "c1", "title": "Zentro Labs", "text": "Zentro Labs is headquartered in Velmar ."}]
+DOCS = [
+    {"id": "p1", "title": "Ava Smith", "text": "Ava Smith works for Zentro Labs ."},
+    {"id": "c1", "title": "Zentro Labs", "text": "Zentro Labs is headquartered in Velmar ."},
+]
 P = Protocol(template="minimal", doc_style="plain")
-Q = {"id": "q", "question": "Where is it ?", "golden_answers": ["Velmar"], "metadata": {"supporting_docs": ["p1", "c1"]}}
+Q = {
+    "id": "q",
+    "question": "Where is it ?",
+    "golden_answers": ["Velmar"],
+    "metadata": {"supporting_docs": ["p1", "c1"]},
+}
 SEARCH = "<search> Ava Smith works </search>"
 
 
@@ -35,6 +42,7 @@ def _rollout(tok, script, **env):
 
 
 # ---- 1. a length limit is a format error -----------------------------------------------------
+
 
 def test_a_rollout_cut_by_a_length_limit_is_scored_like_an_invalid_one():
     """A turn out of max_new_tokens, or documents past max_completion_tokens, ends the trajectory
@@ -56,6 +64,7 @@ def test_a_rollout_cut_by_a_length_limit_is_scored_like_an_invalid_one():
 
 # ---- 2. no dropout in rollouts ---------------------------------------------------------------
 
+
 def test_rollouts_run_in_eval_mode_and_training_keeps_lora_dropout(tmp_path):
     """The rollout generator puts the policy in eval mode (LoRA dropout off: greedy rollouts are
     deterministic, logits repeat) and gives it back in training mode, where dropout still acts."""
@@ -63,8 +72,10 @@ def test_rollouts_run_in_eval_mode_and_training_keeps_lora_dropout(tmp_path):
     from r3rag.stages.rl import Config
 
     tok = _tokenizer()
-    model = apply_lora(tiny_model(tok, layers=1, hidden=32, heads=2, intermediate=64),
-                       LoraSettings(r=4, alpha=8, dropout=0.5, target_modules=["q_proj", "v_proj", "up_proj"]))
+    model = apply_lora(
+        tiny_model(tok, layers=1, hidden=32, heads=2, intermediate=64),
+        LoraSettings(r=4, alpha=8, dropout=0.5, target_modules=["q_proj", "v_proj", "up_proj"]),
+    )
     for name, p in model.named_parameters():  # LoRA B starts at 0: give the adapters an effect to drop
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.5)
@@ -85,6 +96,7 @@ def test_rollouts_run_in_eval_mode_and_training_keeps_lora_dropout(tmp_path):
 
 
 # ---- 4. the sampled tokens' logprobs -----------------------------------------------------------
+
 
 class _Steer:
     """Makes a random model write `<search> w w </search>` turns: the tags forced, the words sampled
@@ -124,8 +136,9 @@ def test_rollout_logprobs_are_the_sampling_distribution_s_on_the_sampled_tokens(
     tok = _tokenizer()
     model = tiny_model(tok, layers=2, hidden=32, heads=2, intermediate=64).eval()
     steer = _Steer(tok)
-    gen = _SteeredGenerator(model, tok, batch_size=2, temperature=0.7, top_p=0.95, logits_processors=[steer],
-                            logprobs=True)
+    gen = _SteeredGenerator(
+        model, tok, batch_size=2, temperature=0.7, top_p=0.95, logits_processors=[steer], logprobs=True
+    )
     torch.manual_seed(0)
     examples = [Q, {**Q, "id": "q2", "question": "Where is it ? and more words"}, Q]
     trajs = run_rollouts(examples, gen, BM25Retriever.build(DOCS), P, EnvConfig(top_k=1, max_turns=2), tok)
@@ -136,14 +149,14 @@ def test_rollout_logprobs_are_the_sampling_distribution_s_on_the_sampled_tokens(
         assert len(lps) == len(ids) == len(mask)
         assert [lp is not None for lp in lps] == [bool(m) for m in mask[:-1]] + [False]  # model tokens only
         with torch.no_grad():
-            logits = model(torch.tensor([t.prompt_ids + ids])).logits[0, len(t.prompt_ids) - 1: -1]
+            logits = model(torch.tensor([t.prompt_ids + ids])).logits[0, len(t.prompt_ids) - 1 : -1]
         for j, (tok_id, lp) in enumerate(zip(ids, lps)):
             if lp is None:
                 continue
             if tok_id in (steer.open, steer.close):
                 assert lp == 0.0  # forced: the only token left
                 continue
-            scores = steer.ban(logits[j: j + 1])
+            scores = steer.ban(logits[j : j + 1])
             for w in warp:
                 scores = w(None, scores)
             assert lp == pytest.approx(scores.log_softmax(-1)[0, tok_id].item(), abs=1e-4)
@@ -158,12 +171,21 @@ def test_logprobs_change_nothing_in_what_is_sampled():
     traj = new_trajectory(Q, P, tok)
     torch.manual_seed(3)
     out = HFGenerator(model, tok, temperature=0.7, top_p=0.9, logprobs=True, reuse_cache=False).generate(
-        [traj], P.stop_strings(), 10)[0]
+        [traj], P.stop_strings(), 10
+    )[0]
     torch.manual_seed(3)
-    ref = model.generate(torch.tensor([traj.prompt_ids]), attention_mask=torch.ones(1, len(traj.prompt_ids),
-                         dtype=torch.long), do_sample=True, temperature=0.7, top_p=0.9, top_k=None,
-                         max_new_tokens=10, pad_token_id=tok.pad_token_id, eos_token_id=tok.eos_token_id)
-    drawn = [t for t in ref[0, len(traj.prompt_ids):].tolist() if t != tok.pad_token_id]  # as `_cut` keeps them
+    ref = model.generate(
+        torch.tensor([traj.prompt_ids]),
+        attention_mask=torch.ones(1, len(traj.prompt_ids), dtype=torch.long),
+        do_sample=True,
+        temperature=0.7,
+        top_p=0.9,
+        top_k=None,
+        max_new_tokens=10,
+        pad_token_id=tok.pad_token_id,
+        eos_token_id=tok.eos_token_id,
+    )
+    drawn = [t for t in ref[0, len(traj.prompt_ids) :].tolist() if t != tok.pad_token_id]  # as `_cut` keeps them
     assert out.ids == drawn[: len(out.ids)] and len(out.logprobs) == len(out.ids)
     greedy = HFGenerator(model, tok, logprobs=True).generate([traj], P.stop_strings(), 4)[0]
     assert greedy.logprobs is None  # only sampling records them
@@ -177,14 +199,20 @@ def test_logprobs_follow_the_eos_and_budget_rules_of_the_completion():
     model = Turn("model", "a b", [1, 2, eos], [-0.1, -0.2, -0.3])
     docs = Turn("env", "d", [5, 6])
     sampled = Trajectory("q", "?", "", [0], turns=[docs, model], eos_sampled=True, finish_reason="invalid")
-    assert completion_logprobs(sampled, eos, len(completion_with_eos(sampled, eos, eos_rule="sampled")[0])) == \
-        [None, None, -0.1, -0.2, -0.3]
+    assert completion_logprobs(sampled, eos, len(completion_with_eos(sampled, eos, eos_rule="sampled")[0])) == [
+        None,
+        None,
+        -0.1,
+        -0.2,
+        -0.3,
+    ]
     cut = completion_logprobs(sampled, eos, len(completion_with_eos(sampled, eos, 4, eos_rule="sampled")[0]))
     assert cut == [None, None, -0.1, None]
     dropped = Trajectory("q", "?", "", [0], turns=[Turn("model", "a b", [1, 2], [-0.1, -0.2])], eos_sampled=True)
     assert completion_logprobs(dropped, eos, 3) == [-0.1, -0.2, None]
-    stopped = Trajectory("q", "?", "", [0], turns=[Turn("model", "a b", [1, 2], [-0.1, -0.2]), docs],
-                         finish_reason="max_turns")
+    stopped = Trajectory(
+        "q", "?", "", [0], turns=[Turn("model", "a b", [1, 2], [-0.1, -0.2]), docs], finish_reason="max_turns"
+    )
     assert rollout_batch([stopped], eos, 512)["logprobs"] == [[-0.1, -0.2, None, None, None]]
     unrecorded = Trajectory("q", "?", "", [0], turns=[Turn("model", "a", [1]), docs], finish_reason="max_turns")
     assert rollout_batch([unrecorded], eos, 512)["logprobs"] == [[None] * 4]
@@ -202,6 +230,7 @@ def test_trimmed_turns_keep_their_logprobs_aligned():
 
 # ---- 5. resume ---------------------------------------------------------------------------------
 
+
 class _Killed(Exception):
     pass
 
@@ -217,17 +246,39 @@ def searching_policy(tmp_path_factory):
     run_stage("world", None, [f"{k}={v}" for k, v in TINY_WORLD.items()], runs)
     run_stage("index", None, [], runs)
     run_stage("synthesize", None, ["template=minimal", "doc_style=plain"], runs)
-    run_stage("sft", None, ["layers=2", "hidden=64", "heads=2", "intermediate=128", "epochs=10", "batch_size=16",
-                            "lr=1e-2", "bf16=false"], runs)
+    run_stage(
+        "sft",
+        None,
+        ["layers=2", "hidden=64", "heads=2", "intermediate=128", "epochs=10", "batch_size=16", "lr=1e-2", "bf16=false"],
+        runs,
+    )
     return runs
 
 
 def _run_rl(runs, name: str, *extra: str):
     from r3rag.pipeline import run_stage
 
-    return run_stage("rl", None, [f"name={name}", "steps=4", "save_steps=3", "limit=8", "prompts_per_step=4",
-                                  "num_generations=2", "bf16=false", "max_turns=3", "max_new_tokens=16", "lr=1e-3",
-                                  "lr_scheduler=linear", "threads=1", "rewards={r3rag: 1.0, em: 0.0}", *extra], runs)
+    return run_stage(
+        "rl",
+        None,
+        [
+            f"name={name}",
+            "steps=4",
+            "save_steps=3",
+            "limit=8",
+            "prompts_per_step=4",
+            "num_generations=2",
+            "bf16=false",
+            "max_turns=3",
+            "max_new_tokens=16",
+            "lr=1e-3",
+            "lr_scheduler=linear",
+            "threads=1",
+            "rewards={r3rag: 1.0, em: 0.0}",
+            *extra,
+        ],
+        runs,
+    )
 
 
 def _kill_after_checkpoint(monkeypatch, step: int):
@@ -243,8 +294,9 @@ def _kill_after_checkpoint(monkeypatch, step: int):
                 raise _Killed
 
     build = grpo.build_trainer
-    monkeypatch.setattr(grpo, "build_trainer", lambda *a, callbacks=(), **kw: build(
-        *a, callbacks=[*callbacks, Kill()], **kw))
+    monkeypatch.setattr(
+        grpo, "build_trainer", lambda *a, callbacks=(), **kw: build(*a, callbacks=[*callbacks, Kill()], **kw)
+    )
 
 
 @pytest.mark.slow
@@ -270,8 +322,17 @@ def test_a_resumed_run_ends_where_a_straight_run_ends(searching_policy, monkeypa
     a_rows, b_rows = (read_jsonl(ref.path / "metrics.jsonl") for ref in (straight, resumed))
     assert [r["step"] for r in a_rows] == [r["step"] for r in b_rows] == [1, 2, 3, 4]
     assert all(r["loss"] != 0 for r in a_rows)  # groups differ in reward: every step learns
-    for k in ("reward", "loss", "learning_rate", "grad_norm", "entropy", "num_tokens", "rewards/r3rag/mean",
-              "completions/mean_length", "rollout/searches"):
+    for k in (
+        "reward",
+        "loss",
+        "learning_rate",
+        "grad_norm",
+        "entropy",
+        "num_tokens",
+        "rewards/r3rag/mean",
+        "completions/mean_length",
+        "rollout/searches",
+    ):
         assert [r[k] for r in b_rows] == pytest.approx([r[k] for r in a_rows], rel=1e-5, abs=1e-7), k
     a, b = (load_file(ref.path / "model" / "model.safetensors") for ref in (straight, resumed))
     assert a.keys() == b.keys()

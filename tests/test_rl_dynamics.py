@@ -21,13 +21,22 @@ from r3rag.trainers import step_advantages
 from tests.cli_helpers import assert_one_line_error, r3rag
 from tests.test_rl_correctness import searching_policy  # noqa: F401 (a fixture: an SFT policy that searches)
 
-DOCS = [{"id": "p1", "title": "Ava Smith", "text": "Ava Smith works for Zentro Labs ."},
-        {"id": "c1", "title": "Zentro Labs", "text": "Zentro Labs is headquartered in Velmar ."}]
+DOCS = [
+    {"id": "p1", "title": "Ava Smith", "text": "Ava Smith works for Zentro Labs ."},
+    {"id": "c1", "title": "Zentro Labs", "text": "Zentro Labs is headquartered in Velmar ."},
+]
 P = Protocol(template="minimal", doc_style="plain")
-Q = {"id": "q", "question": "Where is it ?", "golden_answers": ["Velmar"],
-     "metadata": {"supporting_docs": ["p1", "c1"]}}
-RIGHT = ["<search> Ava Smith works </search>", "<search> Zentro Labs headquartered </search>",
-         "<answer> Velmar </answer>"]
+Q = {
+    "id": "q",
+    "question": "Where is it ?",
+    "golden_answers": ["Velmar"],
+    "metadata": {"supporting_docs": ["p1", "c1"]},
+}
+RIGHT = [
+    "<search> Ava Smith works </search>",
+    "<search> Zentro Labs headquartered </search>",
+    "<answer> Velmar </answer>",
+]
 LOST = ["<search> Ava Smith works </search>", "<search> Ava Smith </search>", "<search> Smith </search>"]
 
 
@@ -43,15 +52,16 @@ def _rollout(tok, script):
 def _config(**kw):
     from r3rag.stages.rl import Config
 
-    return Config(**{"steps": 1, "prompts_per_step": 1, "num_generations": 2, "bf16": False, "save_steps": 0,
-                     "vllm": "", **kw})
+    return Config(
+        **{"steps": 1, "prompts_per_step": 1, "num_generations": 2, "bf16": False, "save_steps": 0, "vllm": "", **kw}
+    )
 
 
 # ---- 1. settings against flat or collapsing GRPO reach TRL -----------------------------------
 
+
 def test_clip_higher_kl_and_loss_normalisation_reach_trls_config(tmp_path):
     from r3rag.grpo import build_trainer
-
     from r3rag.modeling import load_model
 
     tok = _tokenizer()
@@ -65,8 +75,16 @@ def test_clip_higher_kl_and_loss_normalisation_reach_trls_config(tmp_path):
     assert trainer.args.beta == trainer.beta == 0.001 and trainer.ref_model is not None  # beta > 0: a reference
     assert trainer.args.loss_type == trainer.loss_type == "dr_grpo"
     assert trainer.args.scale_rewards == trainer.scale_rewards == "none"
-    default = build_trainer(tiny_model(tok, layers=1, hidden=32, heads=2, intermediate=64), tok, [Q], None, P,
-                            scorer, _config(), tmp_path / "d")
+    default = build_trainer(
+        tiny_model(tok, layers=1, hidden=32, heads=2, intermediate=64),
+        tok,
+        [Q],
+        None,
+        P,
+        scorer,
+        _config(),
+        tmp_path / "d",
+    )
     assert default.epsilon_high == default.epsilon_low == 0.2  # None: TRL's symmetric clip
 
 
@@ -77,18 +95,31 @@ def test_the_new_settings_are_in_the_artifact_hash_and_checked(tmp_path):
 
     ctx = Context(runs_dir=tmp_path)
     base = ctx.writer("rl", Config(), {}, INPUTS).id
-    for change in ({"epsilon_high": 0.28}, {"dynamic_sampling": True}, {"dynamic_sampling_rounds": 2},
-                   {"process_credit": "step"}, {"eval_every": 5}, {"eval_limit": 50}, {"keep": "best_dev"},
-                   {"scale_rewards": "none"}, {"loss_type": "dr_grpo"}):
+    for change in (
+        {"epsilon_high": 0.28},
+        {"dynamic_sampling": True},
+        {"dynamic_sampling_rounds": 2},
+        {"process_credit": "step"},
+        {"eval_every": 5},
+        {"eval_limit": 50},
+        {"keep": "best_dev"},
+        {"scale_rewards": "none"},
+        {"loss_type": "dr_grpo"},
+    ):
         assert ctx.writer("rl", Config(**change), {}, INPUTS).id != base, change
-    for bad, needle in ((("keep", "best"), "allowed: last, best_dev"), (("scale_rewards", "std"), "allowed: group"),
-                        (("process_credit", "turn"), "allowed: trajectory, step")):
+    for bad, needle in (
+        (("keep", "best"), "allowed: last, best_dev"),
+        (("scale_rewards", "std"), "allowed: group"),
+        (("process_credit", "turn"), "allowed: trajectory, step"),
+    ):
         with pytest.raises(UserError, match=needle):
             build_config(Config, {bad[0]: bad[1]})
-    for cfg, needle in ((Config(keep="best_dev"), "set rl.eval_every"),
-                        (Config(epsilon_high=0.1), "rl.epsilon_high: expected at least"),
-                        (Config(process_credit="step", loss_type="vespo"), "weighs whole sequences"),
-                        (Config(eval_every=-1), "rl.eval_every: expected 0 or more")):
+    for cfg, needle in (
+        (Config(keep="best_dev"), "set rl.eval_every"),
+        (Config(epsilon_high=0.1), "rl.epsilon_high: expected at least"),
+        (Config(process_credit="step", loss_type="vespo"), "weighs whole sequences"),
+        (Config(eval_every=-1), "rl.eval_every: expected 0 or more"),
+    ):
         with pytest.raises(UserError, match=needle):
             validate(cfg)
     with pytest.raises(UserError, match="positive weight"):
@@ -96,6 +127,7 @@ def test_the_new_settings_are_in_the_artifact_hash_and_checked(tmp_path):
 
 
 # ---- 2. DAPO dynamic sampling ----------------------------------------------------------------
+
 
 def _fixed_roll(flat: set[str]):
     """Rollouts scored by a fixed rule: the questions in `flat` score 0 in every sample, the
@@ -120,12 +152,13 @@ def test_dynamic_sampling_drops_flat_groups_and_refills_from_new_questions():
     pool = [{"id": f"q{i}"} for i in range(8)]
     roll, seen = _fixed_roll(flat={"q0", "q2", "q3", "q5"})
     batch = [pool[0], pool[0], pool[1], pool[1]]  # two groups of 2: q0 (flat) and q1
-    (examples, trajs, rows, _), stats = dynamic_sample(batch, 2, roll, fresh_questions(pool, batch, 0, 0, 0),
-                                                       _signal, max_rounds=8)
+    (examples, trajs, rows, _), stats = dynamic_sample(
+        batch, 2, roll, fresh_questions(pool, batch, 0, 0, 0), _signal, max_rounds=8
+    )
     groups = [examples[i]["id"] for i in range(0, 4, 2)]
     assert len(examples) == len(trajs) == len(rows) == 4 and examples[0] == examples[1] and examples[2] == examples[3]
     assert "q0" not in groups and "q1" in groups  # the flat group went, the other stayed
-    assert all(_signal((None, None, rows[i: i + 2])) for i in range(0, 4, 2))  # every group has an advantage
+    assert all(_signal((None, None, rows[i : i + 2])) for i in range(0, 4, 2))  # every group has an advantage
     assert stats["dropped_groups"] >= 1 and stats["refill_rounds"] >= 1 and stats["flat_groups"] == 0
     refills = seen[4:]
     assert refills and not set(refills) & {"q0", "q1"}  # refills are new questions, G copies each
@@ -139,8 +172,9 @@ def test_dynamic_sampling_stops_at_the_round_cap_and_fills_with_flat_groups():
     pool = [{"id": f"q{i}"} for i in range(10)]
     roll, seen = _fixed_roll(flat={p["id"] for p in pool})
     batch = [pool[0]] * 2 + [pool[1]] * 2
-    (examples, _, rows, _), stats = dynamic_sample(batch, 2, roll, fresh_questions(pool, batch, 0, 0, 0),
-                                                   _signal, max_rounds=2)
+    (examples, _, rows, _), stats = dynamic_sample(
+        batch, 2, roll, fresh_questions(pool, batch, 0, 0, 0), _signal, max_rounds=2
+    )
     assert len(examples) == 4 and stats == {"dropped_groups": 6, "refill_rounds": 2, "flat_groups": 2}
     assert len(seen) == 4 + 2 * 2 * 2  # the batch, then two rounds of two fresh groups: no more
     (_, _, _, _), off = dynamic_sample(batch, 2, roll, fresh_questions(pool, batch, 0, 0, 0), _signal, max_rounds=0)
@@ -157,8 +191,7 @@ def test_the_rollout_func_refills_flat_groups_with_fresh_questions_and_their_pro
     from r3rag.rewards import rollout_stats
 
     tok = _tokenizer()
-    questions = [{**Q, "id": f"q{i}", "question": f"Where is it ? {'and more words ' * i}".strip()}
-                 for i in range(4)]
+    questions = [{**Q, "id": f"q{i}", "question": f"Where is it ? {'and more words ' * i}".strip()} for i in range(4)]
     answers = {q["question"]: "Velmar" if q["id"] != "q0" else "Dunmore" for q in questions}
     calls = []
 
@@ -179,14 +212,16 @@ def test_the_rollout_func_refills_flat_groups_with_fresh_questions_and_their_pro
     q0_ids = json.dumps(tok.encode(prompts[0], add_special_tokens=False))
     assert q0_ids not in kept  # the flat group is gone
     assert ems[0] != ems[1] and ems[2] != ems[3]
-    stats = rollout_stats({"finish_reason": out["finish_reason"], "num_searches": out["num_searches"],
-                           "sampling": [out["sampling"]]})
+    stats = rollout_stats(
+        {"finish_reason": out["finish_reason"], "num_searches": out["num_searches"], "sampling": [out["sampling"]]}
+    )
     assert stats["rollout/dropped_groups"] == 1 and stats["rollout/refill_rounds"] == 1
     with pytest.raises(RuntimeError, match="whole groups"):
         rollout(prompts[1:] + prompts[:1], trainer)
 
 
 # ---- 3. per-step credit for the process reward -----------------------------------------------
+
 
 def test_process_steps_belong_to_the_turn_that_searched():
     tok = _tokenizer()
@@ -216,10 +251,14 @@ def test_step_spans_cover_exactly_the_search_turns_tokens():
 
 
 def test_step_advantages_are_normalised_within_each_group():
-    spans = [[[0, 2, 1.0], [2, 4, 1.0]], [[0, 2, 1.0], [3, 4, 0.0], [4, 5, 0.0]],  # group 1: steps 1 1 | 1 0 0
-             [[0, 1, 0.5]], [[0, 1, 0.5]]]  # group 2: all equal, no advantage
+    spans = [
+        [[0, 2, 1.0], [2, 4, 1.0]],
+        [[0, 2, 1.0], [3, 4, 0.0], [4, 5, 0.0]],  # group 1: steps 1 1 | 1 0 0
+        [[0, 1, 0.5]],
+        [[0, 1, 0.5]],
+    ]  # group 2: all equal, no advantage
     adv = step_advantages(spans, 6, group=2, weight=1.0, scale="group")
-    hi, lo = (1 - 0.6) / (0.3 ** 0.5 + 1e-4), (0 - 0.6) / (0.3 ** 0.5 + 1e-4)
+    hi, lo = (1 - 0.6) / (0.3**0.5 + 1e-4), (0 - 0.6) / (0.3**0.5 + 1e-4)
     torch.testing.assert_close(adv[0], torch.tensor([hi, hi, hi, hi, 0, 0]))
     torch.testing.assert_close(adv[1], torch.tensor([hi, hi, 0, lo, lo, 0]))
     assert adv[2:].abs().sum() == 0
@@ -248,8 +287,11 @@ def test_step_credit_through_trl_gives_each_search_its_relevance_and_masks_the_d
     trainer = build_trainer(model, tok, [Q], None, P, scorer, cfg, tmp_path)
     rows, steps = scorer.score_steps(trajs, [Q, Q])
     batch = rollout_batch(trajs, tok.eos_token_id, 512, steps=steps)
-    trainer.rollout_func = lambda prompts, tr: {**{k: v for k, v in batch.items() if k != "step_credit"},
-                                                "scores": rows, "timing": {}}
+    trainer.rollout_func = lambda prompts, tr: {
+        **{k: v for k, v in batch.items() if k != "step_credit"},
+        "scores": rows,
+        "timing": {},
+    }
     trainer._spans = batch["step_credit"]  # what the wrapped rollout_func keeps for the advantages
     seen = []
     compute = trainer._compute_loss
@@ -266,7 +308,7 @@ def test_step_credit_through_trl_gives_each_search_its_relevance_and_masks_the_d
     (inputs,), (hidden,) = seen, captured
     adv, tool_mask, ids = inputs["advantages"], inputs["tool_mask"], inputs["completion_ids"]
     assert adv.dim() == 2
-    traj_adv = 0.5 / (0.5 ** 0.5 + 1e-4)  # EM 1 vs 0: (r - mean) / (std + eps)
+    traj_adv = 0.5 / (0.5**0.5 + 1e-4)  # EM 1 vs 0: (r - mean) / (std + eps)
     hi, lo = (1 - 0.75) / (0.5 + 1e-4), (0 - 0.75) / (0.5 + 1e-4)  # relevance 1 1 | 1 0 over the group's steps
     credited = [{0: hi, 2: hi}, {0: hi, 2: lo}]  # model turn -> its step's advantage (LOST's 3rd: no documents)
     n_prompt = len(trajs[0].prompt_ids)
@@ -279,17 +321,19 @@ def test_step_credit_through_trl_gives_each_search_its_relevance_and_masks_the_d
             span = slice(starts[k], starts[k + 1])
             if t.role == "model":  # a search step: the trajectory's advantage plus its own; the rest: the trajectory's
                 expect = base + credited[i].get(k, 0.0)
-                torch.testing.assert_close(adv[row, span], torch.full_like(adv[row, span], expect), rtol=1e-4,
-                                           atol=1e-4)
+                torch.testing.assert_close(
+                    adv[row, span], torch.full_like(adv[row, span], expect), rtol=1e-4, atol=1e-4
+                )
             else:
                 assert tool_mask[row, span].sum() == 0  # documents: no loss...
-                g = grad[row, n_prompt - 1 + starts[k]: n_prompt - 1 + starts[k + 1]]
+                g = grad[row, n_prompt - 1 + starts[k] : n_prompt - 1 + starts[k + 1]]
                 assert torch.all(g == 0)  # ...and exactly no gradient
-        assert torch.all(grad[row, n_prompt - 1: n_prompt - 1 + starts[1]] > 0)  # the first search learns
+        assert torch.all(grad[row, n_prompt - 1 : n_prompt - 1 + starts[1]] > 0)  # the first search learns
     assert len(credited[1]) < sum(t.role == "model" for t in trajs[1].turns)  # an uncredited search was checked
 
 
 # ---- 4. dev evaluation during training, best-on-dev ------------------------------------------
+
 
 def _dev_file(runs, tmp_path, n=4):
     from r3rag.jsonl import read_jsonl
@@ -307,11 +351,26 @@ def test_dev_em_is_logged_beside_the_reward_at_the_eval_steps(pipeline_runs, tmp
     from r3rag.pipeline import run_stage
 
     runs, _ = pipeline_runs
-    ref = run_stage("rl", None, ["name=dev", "steps=3", "prompts_per_step=2", "num_generations=2", "bf16=false",
-                                 "max_turns=2", "max_new_tokens=12", "eval_every=2",
-                                 f"eval_questions={_dev_file(runs, tmp_path)}",
-                                 "dynamic_sampling=true", "dynamic_sampling_rounds=1", "process_credit=step",
-                                 "rewards={em: 1.0, relevance: 0.5}"], runs)
+    ref = run_stage(
+        "rl",
+        None,
+        [
+            "name=dev",
+            "steps=3",
+            "prompts_per_step=2",
+            "num_generations=2",
+            "bf16=false",
+            "max_turns=2",
+            "max_new_tokens=12",
+            "eval_every=2",
+            f"eval_questions={_dev_file(runs, tmp_path)}",
+            "dynamic_sampling=true",
+            "dynamic_sampling_rounds=1",
+            "process_credit=step",
+            "rewards={em: 1.0, relevance: 0.5}",
+        ],
+        runs,
+    )
     rows = read_jsonl(ref.path / "metrics.jsonl")
     assert [r["step"] for r in rows] == [1, 2, 3]
     assert ["dev/em" in r for r in rows] == [False, True, True]
@@ -341,9 +400,25 @@ def test_keep_best_dev_publishes_the_best_steps_weights(pipeline_runs, tmp_path,
         return {"dev/em": script[step], "dev/f1": script[step]}
 
     monkeypatch.setattr(grpo, "dev_scores", scripted)
-    ref = run_stage("rl", None, ["name=best", "steps=4", "prompts_per_step=2", "num_generations=2", "bf16=false",
-                                 "max_turns=2", "max_new_tokens=12", "eval_every=2", "keep=best_dev",
-                                 "weight_decay=0.5", "lr=1e-2", f"eval_questions={_dev_file(runs, tmp_path)}"], runs)
+    ref = run_stage(
+        "rl",
+        None,
+        [
+            "name=best",
+            "steps=4",
+            "prompts_per_step=2",
+            "num_generations=2",
+            "bf16=false",
+            "max_turns=2",
+            "max_new_tokens=12",
+            "eval_every=2",
+            "keep=best_dev",
+            "weight_decay=0.5",
+            "lr=1e-2",
+            f"eval_questions={_dev_file(runs, tmp_path)}",
+        ],
+        runs,
+    )
     rows = read_jsonl(ref.path / "metrics.jsonl")
     assert {r["step"]: r.get("dev/em") for r in rows} == {1: None, 2: 0.5, 3: None, 4: 0.2}
     m = ref.manifest["metrics"]
@@ -365,10 +440,8 @@ def test_dev_eval_without_a_dev_split_is_one_line(pipeline_runs, tmp_path):
     assert_one_line_error(out, "rl.keep=best_dev")
 
 
-
 @pytest.mark.slow
-def test_a_resumed_run_with_the_new_settings_ends_where_a_straight_run_ends(searching_policy, tmp_path,
-                                                                            monkeypatch):
+def test_a_resumed_run_with_the_new_settings_ends_where_a_straight_run_ends(searching_policy, tmp_path, monkeypatch):
     """Dynamic sampling (refills drawn from a seeded generator; with this weak policy and
     reward some groups are flat every step) and best-on-dev, with a kill right after
     checkpoint-3: the same per-step rewards, losses, refills and dev EM, the same kept step and
@@ -376,11 +449,17 @@ def test_a_resumed_run_with_the_new_settings_ends_where_a_straight_run_ends(sear
     from safetensors.torch import load_file
 
     from r3rag.jsonl import read_jsonl
-    from tests.test_rl_correctness import _Killed, _kill_after_checkpoint, _run_rl
+    from tests.test_rl_correctness import _kill_after_checkpoint, _Killed, _run_rl
 
-    extra = ["eval_every=2", "keep=best_dev", f"eval_questions={_dev_file(searching_policy, tmp_path, n=8)}",
-             "dynamic_sampling=true", "dynamic_sampling_rounds=2", "epsilon_high=0.28",
-             "rewards={em: 1.0, format: 0.5}"]
+    extra = [
+        "eval_every=2",
+        "keep=best_dev",
+        f"eval_questions={_dev_file(searching_policy, tmp_path, n=8)}",
+        "dynamic_sampling=true",
+        "dynamic_sampling_rounds=2",
+        "epsilon_high=0.28",
+        "rewards={em: 1.0, format: 0.5}",
+    ]
     straight = _run_rl(searching_policy, "straight-new", *extra)
     with monkeypatch.context() as m:
         _kill_after_checkpoint(m, 3)

@@ -32,8 +32,13 @@ def leaks(root: Path, *texts: str) -> list[str]:
 def cli(runs: Path, *sets: str, flags: tuple = ()):
     """`r3rag eval` in a subprocess with the key in its environment."""
     args = [a for s in sets for a in ("--set", s)]
-    return subprocess.run([sys.executable, "-m", "r3rag.cli", "eval", "--runs-dir", str(runs), *flags, *args],
-                          capture_output=True, text=True, env={**os.environ, KEY_ENV: KEY}, timeout=300)
+    return subprocess.run(
+        [sys.executable, "-m", "r3rag.cli", "eval", "--runs-dir", str(runs), *flags, *args],
+        capture_output=True,
+        text=True,
+        env={**os.environ, KEY_ENV: KEY},
+        timeout=300,
+    )
 
 
 @pytest.fixture(scope="module")
@@ -48,9 +53,22 @@ def policy(body):
 
 
 def endpoint_sets(pol_url: str, judge_url: str, name: str) -> list[str]:
-    return ["systems=[api]", f"models.api.endpoint={pol_url}", "models.api.model=m", f"models.api.api_key_env={KEY_ENV}",
-            "models.api.template=minimal", "models.api.doc_style=plain", f"judge.endpoint={judge_url}",
-            "judge.model=j", f"judge.api_key_env={KEY_ENV}", "sft=", "rl=", "limit=4", "max_turns=3", f"name={name}"]
+    return [
+        "systems=[api]",
+        f"models.api.endpoint={pol_url}",
+        "models.api.model=m",
+        f"models.api.api_key_env={KEY_ENV}",
+        "models.api.template=minimal",
+        "models.api.doc_style=plain",
+        f"judge.endpoint={judge_url}",
+        "judge.model=j",
+        f"judge.api_key_env={KEY_ENV}",
+        "sft=",
+        "rl=",
+        "limit=4",
+        "max_turns=3",
+        f"name={name}",
+    ]
 
 
 @pytest.mark.slow

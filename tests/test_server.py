@@ -72,7 +72,7 @@ def test_server_matches_in_process(world, server):
     url, _ = server
     remote = RemoteRetriever(url)
     for lo, n, k in ((0, 1, 1), (1, 7, 3), (8, 40, 10), (48, 150, 5)):  # 150 > max_batch: split in chunks
-        qs = queries[lo: lo + n]
+        qs = queries[lo : lo + n]
         got = remote.search(qs, k)
         assert _ids_scores(got) == _ids_scores(retriever.search(qs, k))
         assert [(h.title, h.text) for h in got[0]] == [(h.title, h.text) for h in retriever.search(qs[:1], k)[0]]
@@ -85,8 +85,9 @@ def test_search_r1_response_shape(world, server):
     url, _ = server
     hit = retriever.search(queries[:1], 1)[0][0]
     with_scores = httpx.post(f"{url}/retrieve", json={"queries": queries[:1], "topk": 1, "return_scores": True})
-    assert with_scores.json() == {"result": [[{"document": {"id": hit.doc_id, "contents": f"{hit.title}\n{hit.text}"},
-                                               "score": hit.score}]]}
+    assert with_scores.json() == {
+        "result": [[{"document": {"id": hit.doc_id, "contents": f"{hit.title}\n{hit.text}"}, "score": hit.score}]]
+    }
     plain = httpx.post(f"{url}/retrieve", json={"queries": queries[:1], "topk": 1}).json()
     assert plain == {"result": [[{"id": hit.doc_id, "contents": f"{hit.title}\n{hit.text}"}]]}
     health = httpx.get(f"{url}/health").json()
@@ -95,7 +96,7 @@ def test_search_r1_response_shape(world, server):
 
 def _chunked(data: bytes):
     for i in range(0, len(data), 4096):
-        yield data[i: i + 4096]
+        yield data[i : i + 4096]
 
 
 BAD = [
@@ -141,7 +142,7 @@ def test_concurrent_requests_are_batched(world):
         barrier.wait()
         out = []
         for r in range(per_client):
-            qs, k = queries[(c * per_client + r) * 5:][: 1 + (c + r) % 5], 1 + c % 4  # each its own batch and topk
+            qs, k = queries[(c * per_client + r) * 5 :][: 1 + (c + r) % 5], 1 + c % 4  # each its own batch and topk
             out.append((qs, k, remote.search(qs, k)))
         return out
 
@@ -160,7 +161,7 @@ def test_load_8_clients_200_requests(world, server):
     retriever, queries = world
     url, counting = server
     calls_before = counting.calls
-    want = {lo: _ids_scores(retriever.search(queries[lo: lo + 8], 3)) for lo in range(0, 200)}
+    want = {lo: _ids_scores(retriever.search(queries[lo : lo + 8], 3)) for lo in range(0, 200)}
     errors = []
 
     def client(c):
@@ -168,7 +169,7 @@ def test_load_8_clients_200_requests(world, server):
         for r in range(200):
             lo = (c * 31 + r) % 200
             try:
-                if _ids_scores(remote.search(queries[lo: lo + 8], 3)) != want[lo]:
+                if _ids_scores(remote.search(queries[lo : lo + 8], 3)) != want[lo]:
                     errors.append(f"client {c} request {r}: wrong results")
             except Exception as e:  # noqa: BLE001 - every failure is counted, none may happen
                 errors.append(f"client {c} request {r}: {e}")
@@ -221,8 +222,16 @@ def test_eval_through_the_server_matches_in_process(pipeline_runs, tmp_path):
     local = json.loads((refs["eval"].path / "metrics.json").read_text())["systems"]
     app = make_app(load_retriever(refs["index"].path / "index"))
     with running(app) as url:
-        sets = ["limit=12", "max_turns=3", "max_new_tokens=16", f"retriever={url}", "index=",
-                f"world={refs['world'].path}", f"sft={refs['sft'].path}", f"rl={refs['rl'].path}"]
+        sets = [
+            "limit=12",
+            "max_turns=3",
+            "max_new_tokens=16",
+            f"retriever={url}",
+            "index=",
+            f"world={refs['world'].path}",
+            f"sft={refs['sft'].path}",
+            f"rl={refs['rl'].path}",
+        ]
         ref = run_stage("eval", None, sets, tmp_path / "runs")  # a fresh runs dir: nothing to reuse
     remote = json.loads((ref.path / "metrics.json").read_text())["systems"]
     timing = ("seconds", "questions_per_s")  # wall-clock figures differ from run to run

@@ -18,8 +18,10 @@ from r3rag.retrieval.server_guards import BodyLimits, with_header_deadline
 
 DEADLINE = 0.5
 BODY = b'{"queries":["a"]}'
-REQUEST = (b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-           b"Content-Length: %d\r\n\r\n%s" % (len(BODY), BODY))
+REQUEST = b"POST /retrieve HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n%s" % (
+    len(BODY),
+    BODY,
+)
 
 
 class Tiny:
@@ -50,13 +52,13 @@ def _read_until_closed(sock: socket.socket, send: bytes = b"", every: float = 0.
             if not chunk:
                 return reply, time.monotonic() - t0
             reply += chunk
-        except socket.timeout:
+        except TimeoutError:
             pass
         except ConnectionResetError:
             return reply, time.monotonic() - t0
         if sent < len(send):
             try:
-                sock.send(send[sent: sent + 1])
+                sock.send(send[sent : sent + 1])
                 sent += 1
             except OSError:
                 return reply, time.monotonic() - t0
@@ -114,7 +116,7 @@ def test_pipelined_requests_are_all_answered(url):
 def test_pipelined_request_is_not_cut_when_the_previous_one_finishes_during_it():
     async def app(scope, receive, send):  # /a works on after its response; /slow answers after 2 deadlines
         if scope["type"] == "lifespan":
-            while (message := await receive())["type"] != "lifespan.shutdown":
+            while (await receive())["type"] != "lifespan.shutdown":
                 await send({"type": "lifespan.startup.complete"})
             return await send({"type": "lifespan.shutdown.complete"})
         if scope["path"] == "/slow":
@@ -199,8 +201,12 @@ def test_header_deadline_is_the_one_use_of_a_uvicorn_internal():
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
     timeouts = {p for p in inspect.signature(uvicorn.Config).parameters if p.startswith("timeout")}
-    assert timeouts == {"timeout_keep_alive", "timeout_notify", "timeout_graceful_shutdown",
-                        "timeout_worker_healthcheck"}, timeouts
+    assert timeouts == {
+        "timeout_keep_alive",
+        "timeout_notify",
+        "timeout_graceful_shutdown",
+        "timeout_worker_healthcheck",
+    }, timeouts
     assert issubclass(H11Protocol, asyncio.Protocol)
     _, http = with_header_deadline(None, 1.0)
     assert http.keywords["protocol"] is H11Protocol

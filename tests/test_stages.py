@@ -2,8 +2,6 @@
 
 import json
 
-import torch
-
 from r3rag.artifacts import list_artifacts
 from r3rag.jsonl import read_jsonl
 from r3rag.modeling import load_policy
@@ -77,21 +75,38 @@ def test_rerun_reuses_existing_artifacts(pipeline_runs):
 
 def test_base_stage_then_lora_cold_start(pipeline_runs):
     """`r3rag base` pretrains on fresh worlds' text only; `sft --set base=...` starts from it with LoRA."""
-    from r3rag.pipeline import run_stage
-
     from r3rag.jsonl import read_jsonl
+    from r3rag.pipeline import run_stage
     from r3rag.stages.base import Config, corpus_texts
 
     runs, refs = pipeline_runs
-    test_subjects = {" ".join(q["metadata"]["chain"][0]["fact"].split()[:2])
-                     for q in read_jsonl(refs["world"].path / "test.jsonl")}
+    test_subjects = {
+        " ".join(q["metadata"]["chain"][0]["fact"].split()[:2]) for q in read_jsonl(refs["world"].path / "test.jsonl")
+    }
     texts = corpus_texts(Config(worlds=2, world_clusters=3), refs["world"])
     assert texts and not any(name in t for t in texts for name in test_subjects)  # nothing about test entities
-    base = run_stage("base", None, ["worlds=2", "world_clusters=3", "layers=1", "hidden=32", "heads=2",
-                                    "intermediate=64", "max_length=64", "bf16=false"], runs)
+    base = run_stage(
+        "base",
+        None,
+        [
+            "worlds=2",
+            "world_clusters=3",
+            "layers=1",
+            "hidden=32",
+            "heads=2",
+            "intermediate=64",
+            "max_length=64",
+            "bf16=false",
+        ],
+        runs,
+    )
     assert (base.path / "model" / "config.json").is_file() and base.manifest["metrics"]["steps"] > 0
-    sft = run_stage("sft", None, [f"base={base.path}", "lora=true", "epochs=1", "batch_size=16", "lr=1e-2",
-                                  "bf16=false", "name=lora"], runs)
+    sft = run_stage(
+        "sft",
+        None,
+        [f"base={base.path}", "lora=true", "epochs=1", "batch_size=16", "lr=1e-2", "bf16=false", "name=lora"],
+        runs,
+    )
     assert json.loads((sft.path / "policy.json").read_text())["base"] == f"base:{base.id}"
     assert sft.manifest["inputs"]["base"]["content_hash"] == base.content_hash
     from r3rag.modeling import load_policy

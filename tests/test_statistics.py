@@ -7,12 +7,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from r3rag.metrics import (bootstrap_ci, clopper_pearson, mean_ci, over_seeds, paired_bootstrap_diff,
-                           paired_over_seeds)
+from r3rag.metrics import bootstrap_ci, clopper_pearson, mean_ci, over_seeds, paired_bootstrap_diff, paired_over_seeds
 
 
 def _binom_cdf(k: int, n: int, p: float) -> float:
-    return sum(math.comb(n, i) * p ** i * (1 - p) ** (n - i) for i in range(k + 1))
+    return sum(math.comb(n, i) * p**i * (1 - p) ** (n - i) for i in range(k + 1))
 
 
 def test_clopper_pearson_known_values():
@@ -58,9 +57,11 @@ def test_bootstrap_chunks_many_questions_without_changing_the_answer():
 
 
 def test_over_seeds_mean_sd_and_interval_over_questions():
-    seeds = [{"q1": 1.0, "q2": 0.0, "q3": 1.0, "q4": 0.0},
-             {"q1": 1.0, "q2": 1.0, "q3": 1.0, "q4": 0.0},
-             {"q1": 0.0, "q2": 0.0, "q3": 1.0, "q4": 0.0}]
+    seeds = [
+        {"q1": 1.0, "q2": 0.0, "q3": 1.0, "q4": 0.0},
+        {"q1": 1.0, "q2": 1.0, "q3": 1.0, "q4": 0.0},
+        {"q1": 0.0, "q2": 0.0, "q3": 1.0, "q4": 0.0},
+    ]
     out = over_seeds(seeds)
     assert out["per_seed"] == [0.5, 0.75, 0.25] and out["mean"] == 0.5
     assert out["sd"] == 0.25  # ddof=1: sqrt(((0)^2 + 0.25^2 + 0.25^2) / 2)
@@ -88,27 +89,50 @@ def _eval_dir(tmp_path, name: str, em: dict[str, float]):
     d = tmp_path / name
     d.mkdir()
     mean = sum(em.values()) / len(em)
-    (d / "metrics.json").write_text(json.dumps({"systems": {"rl": {
-        "em": mean, "em_ci": list(mean_ci(list(em.values()))), "f1": mean, "n": len(em), "searches": 1.0,
-        "by_hops": {"2": {"em": mean}}, "seconds": 10.0}}}))
-    (d / "predictions.jsonl").write_text("".join(json.dumps({"system": "rl", "id": q, "em": v}) + "\n"
-                                                 for q, v in em.items()))
+    (d / "metrics.json").write_text(
+        json.dumps(
+            {
+                "systems": {
+                    "rl": {
+                        "em": mean,
+                        "em_ci": list(mean_ci(list(em.values()))),
+                        "f1": mean,
+                        "n": len(em),
+                        "searches": 1.0,
+                        "by_hops": {"2": {"em": mean}},
+                        "seconds": 10.0,
+                    }
+                }
+            }
+        )
+    )
+    (d / "predictions.jsonl").write_text(
+        "".join(json.dumps({"system": "rl", "id": q, "em": v}) + "\n" for q, v in em.items())
+    )
     return {"eval": SimpleNamespace(path=d, manifest={}), "rl": SimpleNamespace(manifest={"id": name, "seconds": 60.0})}
 
 
 def test_results_table_rows_over_seeds(tmp_path):
     from r3rag.results_table import build_rows, markdown
 
-    built = {"s1": _eval_dir(tmp_path, "s1", {"a": 1.0, "b": 0.0, "c": 1.0, "d": 0.0}),
-             "s2": _eval_dir(tmp_path, "s2", {"a": 1.0, "b": 1.0, "c": 1.0, "d": 0.0}),
-             "s3": _eval_dir(tmp_path, "s3", {"a": 0.0, "b": 0.0, "c": 1.0, "d": 0.0})}
+    built = {
+        "s1": _eval_dir(tmp_path, "s1", {"a": 1.0, "b": 0.0, "c": 1.0, "d": 0.0}),
+        "s2": _eval_dir(tmp_path, "s2", {"a": 1.0, "b": 1.0, "c": 1.0, "d": 0.0}),
+        "s3": _eval_dir(tmp_path, "s3", {"a": 0.0, "b": 0.0, "c": 1.0, "d": 0.0}),
+    }
     rows = build_rows({"one seed": "s1/rl", "three seeds": ["s1/rl", "s2/rl", "s3/rl"]}, built, tmp_path / "x.yaml")
     single, seeded = rows
     assert single["em"] == 0.5 and "em_sd" not in single
     assert seeded["em"] == 0.5 and seeded["em_sd"] == 0.25 and seeded["n_seeds"] == 3 and seeded["n"] == 4
-    assert seeded["em_ci"] == list(over_seeds([{"a": 1.0, "b": 0.0, "c": 1.0, "d": 0.0},
-                                               {"a": 1.0, "b": 1.0, "c": 1.0, "d": 0.0},
-                                               {"a": 0.0, "b": 0.0, "c": 1.0, "d": 0.0}])["ci"])
+    assert seeded["em_ci"] == list(
+        over_seeds(
+            [
+                {"a": 1.0, "b": 0.0, "c": 1.0, "d": 0.0},
+                {"a": 1.0, "b": 1.0, "c": 1.0, "d": 0.0},
+                {"a": 0.0, "b": 0.0, "c": 1.0, "d": 0.0},
+            ]
+        )["ci"]
+    )
     assert seeded["train_seconds"] == 60.0 and seeded["by_hops"] == {"2": 0.5}
     about = {"date": "d", "machine": "m", "wall_seconds": 60.0, "compute_seconds": 60.0}
     md = markdown(rows, about)

@@ -14,8 +14,8 @@ from r3rag.jsonl import read_jsonl
 from r3rag.pipeline import run_stage
 from r3rag.protocol import Protocol
 from tests.chat_server import ChatServer
-from tests.world_teacher import WorldTeacher, question_of
 from tests.conftest import TINY_WORLD
+from tests.world_teacher import WorldTeacher, question_of
 
 SECRET = "sk-test-NEVER-STORED-42"
 
@@ -51,9 +51,18 @@ def faults_by_question(plan: dict[str, str], always: set[str] = frozenset()):
 
 
 def openai_overrides(srv, **extra):
-    base = {"teacher": "openai", "base_url": srv.url, "model": "teacher-model", "api_key_env": "R3RAG_TEST_KEY",
-            "timeout": 1.0, "max_retries": 2, "attempts": 2, "concurrency": 8, "template": "minimal",
-            "doc_style": "plain"}
+    base = {
+        "teacher": "openai",
+        "base_url": srv.url,
+        "model": "teacher-model",
+        "api_key_env": "R3RAG_TEST_KEY",
+        "timeout": 1.0,
+        "max_retries": 2,
+        "attempts": 2,
+        "concurrency": 8,
+        "template": "minimal",
+        "doc_style": "plain",
+    }
     return [f"{k}={v}" for k, v in {**base, **extra}.items()]
 
 
@@ -67,8 +76,9 @@ def test_openai_teacher_with_faults_every_question_once(runs, monkeypatch):
     ids = [q["id"] for q in qs]
     plan = {qs[i]["question"]: f for i, f in enumerate(["429", "500", "hang", "malformed", "truncated"], start=1)}
     teacher = WorldTeacher(qs, wrong_greedy={ids[7], ids[8]}, wrong={ids[9]})
-    with ChatServer(reply=teacher, faults=faults_by_question(plan, always={qs[6]["question"]}),
-                    retry_after="0.2", hang_seconds=5) as srv:
+    with ChatServer(
+        reply=teacher, faults=faults_by_question(plan, always={qs[6]["question"]}), retry_after="0.2", hang_seconds=5
+    ) as srv:
         ref = run_stage("synthesize", None, openai_overrides(srv, limit=14, name="faults"), runs)
     accepted, rejected = rows_of(ref)
     assert sorted(r["id"] for r in accepted + rejected) == sorted(ids)  # each exactly once
@@ -98,8 +108,9 @@ def test_llm_judge_accepts_a_paraphrase_and_rejects_when_it_says_false(runs, mon
     for says, expect in ((True, "ok"), (False, "judge_wrong")):
         teacher = WorldTeacher(qs, alias={qs[0]["id"]}, judge_says=says)
         with ChatServer(reply=teacher) as srv:
-            ref = run_stage("synthesize", None, openai_overrides(srv, limit=4, judge="true", attempts=1,
-                                                                 name=f"judge{says}"), runs)
+            ref = run_stage(
+                "synthesize", None, openai_overrides(srv, limit=4, judge="true", attempts=1, name=f"judge{says}"), runs
+            )
         accepted, rejected = rows_of(ref)
         judged = [b for b in srv.bodies() if b["messages"][0]["content"].startswith("You are checking an answer")]
         assert len(judged) == 1 and "city" in judged[0]["messages"][0]["content"]
@@ -131,8 +142,12 @@ def test_fatal_endpoint_error_stops_with_one_line(runs, monkeypatch, tmp_path):
 
     monkeypatch.setenv("R3RAG_TEST_KEY", SECRET)
     with ChatServer(faults=lambda body: "401") as srv:
-        out = r3rag("synthesize", "--runs-dir", str(runs), *sum((["--set", o] for o in openai_overrides(
-            srv, limit=3, name="fatal")), []))
+        out = r3rag(
+            "synthesize",
+            "--runs-dir",
+            str(runs),
+            *sum((["--set", o] for o in openai_overrides(srv, limit=3, name="fatal")), []),
+        )
     assert_one_line_error(out, "HTTP 401", srv.url)
     assert SECRET not in out.stderr + out.stdout
     assert not list((runs / "synthesize").glob("fatal-*"))
@@ -186,9 +201,24 @@ def test_oracle_accepts_at_least_95_percent_of_world_questions(runs, protocol):
 
 def test_per_step_sft_view_trains_on_r3rag_trajectories(runs):
     syn = run_stage("synthesize", None, ["protocol=r3rag", "name=oracle-r3rag", "doc_style=plain"], runs)
-    sft = run_stage("sft", None, [f"data={syn.path}", "view=step", "layers=1", "hidden=32", "heads=2",
-                                  "intermediate=64", "epochs=1", "batch_size=64", "bf16=false", "limit=12",
-                                  "name=steps"], runs)
+    sft = run_stage(
+        "sft",
+        None,
+        [
+            f"data={syn.path}",
+            "view=step",
+            "layers=1",
+            "hidden=32",
+            "heads=2",
+            "intermediate=64",
+            "epochs=1",
+            "batch_size=64",
+            "bf16=false",
+            "limit=12",
+            "name=steps",
+        ],
+        runs,
+    )
     m = sft.manifest["metrics"]
     steps = sum(sum(t["role"] == "model" for t in r["turns"]) for r in rows_of(syn)[0])
     assert m["trajectories"] == 12 < m["samples"] < steps and m["steps"] > 0
@@ -197,9 +227,9 @@ def test_per_step_sft_view_trains_on_r3rag_trajectories(runs):
 def test_hf_teacher_runs_the_attempt_loop_with_a_local_model(runs, tmp_path):
     """A random tiny model answers nothing useful: every attempt is rejected with a reason, the
     second one sampled, and the tokens it spent are counted."""
+    from r3rag.artifacts import resolve
     from r3rag.modeling import tiny_model, train_word_tokenizer
     from r3rag.retrieval import open_retriever
-    from r3rag.artifacts import resolve
     from r3rag.stages.synthesize import Config, attempt_loop
     from r3rag.teachers import hf_teacher
 
@@ -219,8 +249,8 @@ def test_hf_teacher_runs_the_attempt_loop_with_a_local_model(runs, tmp_path):
 
 
 def test_oracle_on_real_musique_follows_decompositions_through_bm25(shared_root, tmp_path):
-    from r3rag.data.importers import import_questions
     from r3rag.data.corpus import load_corpus
+    from r3rag.data.importers import import_questions
     from r3rag.retrieval.bm25 import BM25Retriever
     from r3rag.stages.synthesize import Config, attempt_loop
     from r3rag.teachers import oracle_teacher
@@ -231,7 +261,10 @@ def test_oracle_on_real_musique_follows_decompositions_through_bm25(shared_root,
     rows = list(attempt_loop(qs, oracle_teacher(p), retriever, p, Config(top_k=5)))
     accepted = [r for r in rows if r["status"] == "accepted"]
     assert len(rows) == 30 and 0.5 <= len(accepted) / 30 < 1.0  # retrieval misses some hops: it is measured
-    assert {r["reject_reason"].split(":")[0] for r in rows if r["status"] == "rejected"} <= {"retrieval_miss", "ungrounded"}
+    assert {r["reject_reason"].split(":")[0] for r in rows if r["status"] == "rejected"} <= {
+        "retrieval_miss",
+        "ungrounded",
+    }
     r = accepted[0]
     q = next(q for q in qs if q["id"] == r["id"])
     hops = q["metadata"]["question_decomposition"]

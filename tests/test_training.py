@@ -4,25 +4,30 @@ import torch
 
 from r3rag.env import EnvConfig, run_rollouts
 from r3rag.generation.scripted import ScriptedGenerator
+from r3rag.grpo import rollout_batch
 from r3rag.modeling import tiny_model, train_word_tokenizer
 from r3rag.protocol import Protocol
 from r3rag.retrieval.bm25 import BM25Retriever
-from r3rag.grpo import rollout_batch
 from r3rag.training import IGNORE, tokenize_trajectory
 
-DOCS = [{"id": "p1", "title": "Ava Smith", "text": "Ava Smith works for Zentro Labs ."},
-        {"id": "c1", "title": "Zentro Labs", "text": "Zentro Labs is headquartered in Velmar ."}]
+DOCS = [
+    {"id": "p1", "title": "Ava Smith", "text": "Ava Smith works for Zentro Labs ."},
+    {"id": "c1", "title": "Zentro Labs", "text": "Zentro Labs is headquartered in Velmar ."},
+]
 P = Protocol(template="minimal", doc_style="plain")
-SCRIPT = ["<search> Ava Smith works </search>",
-          "<think> Ava Smith works for Zentro Labs . </think> <search> Zentro Labs headquartered </search>",
-          "<answer> Velmar </answer>"]
+SCRIPT = [
+    "<search> Ava Smith works </search>",
+    "<think> Ava Smith works for Zentro Labs . </think> <search> Zentro Labs headquartered </search>",
+    "<answer> Velmar </answer>",
+]
 
 
 def _setup():
     tok = train_word_tokenizer([d["text"] for d in DOCS] + ["Question : Where is it ?"])
     gen = ScriptedGenerator(lambda t: SCRIPT[t.model_turn_count()], tok)
-    traj = run_rollouts([{"id": "q", "question": "Where is it ?"}], gen, BM25Retriever.build(DOCS), P,
-                        EnvConfig(top_k=1), tok)[0]
+    traj = run_rollouts(
+        [{"id": "q", "question": "Where is it ?"}], gen, BM25Retriever.build(DOCS), P, EnvConfig(top_k=1), tok
+    )[0]
     return tok, traj
 
 
@@ -54,8 +59,12 @@ def test_masked_tokens_get_no_gradient(tmp_path):
     ids, labels = tokenize_trajectory(traj.to_json(), tok)
     model = tiny_model(tok, layers=1, hidden=32, heads=2, intermediate=64)
     args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], max_length=256)
-    trainer = FastSFTTrainer(model=model, args=args, processing_class=tok,
-                             train_dataset=Dataset.from_dict({"input_ids": [ids], "labels": [labels]}))
+    trainer = FastSFTTrainer(
+        model=model,
+        args=args,
+        processing_class=tok,
+        train_dataset=Dataset.from_dict({"input_ids": [ids], "labels": [labels]}),
+    )
     captured = {}
 
     def keep_logits(module, inputs, output):
@@ -63,8 +72,11 @@ def test_masked_tokens_get_no_gradient(tmp_path):
         captured["logits"] = output
 
     model.lm_head.register_forward_hook(keep_logits)
-    batch = {"input_ids": torch.tensor([ids]), "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
-             "labels": torch.tensor([labels])}
+    batch = {
+        "input_ids": torch.tensor([ids]),
+        "attention_mask": torch.ones(1, len(ids), dtype=torch.long),
+        "labels": torch.tensor([labels]),
+    }
     trainer.compute_loss(model, batch).backward()
     grad = captured["logits"].grad[0].abs().sum(-1)  # per position; position i predicts token i+1
     targets = torch.tensor(labels[1:] + [IGNORE])
@@ -78,12 +90,16 @@ def test_per_step_view_one_sample_per_step_with_loss_on_that_step_only():
     from r3rag.training import tokenize_steps
 
     r3 = Protocol(name="r3rag", doc_style="plain")
-    script = [r3.search_turn("Ava Smith works", step=1), r3.search_turn("Zentro Labs headquartered", step=2),
-              r3.answer_turn("Velmar", step=3)]
+    script = [
+        r3.search_turn("Ava Smith works", step=1),
+        r3.search_turn("Zentro Labs headquartered", step=2),
+        r3.answer_turn("Velmar", step=3),
+    ]
     tok = train_word_tokenizer([d["text"] for d in DOCS] + ["The question : Where is it ?"] + script)
     gen = ScriptedGenerator(lambda t: script[t.model_turn_count()], tok)
-    traj = run_rollouts([{"id": "q", "question": "Where is it ?"}], gen, BM25Retriever.build(DOCS), r3,
-                        EnvConfig(top_k=1), tok)[0]
+    traj = run_rollouts(
+        [{"id": "q", "question": "Where is it ?"}], gen, BM25Retriever.build(DOCS), r3, EnvConfig(top_k=1), tok
+    )[0]
     assert traj.finish_reason == "answer" and len(traj.retrieved) == 2
     whole, _ = tokenize_trajectory(traj.to_json(), tok)
     samples = tokenize_steps(traj.to_json(), tok)
@@ -95,11 +111,11 @@ def test_per_step_view_one_sample_per_step_with_loss_on_that_step_only():
         assert target == turn.ids + eos  # loss on this step only (EOS after the final one)
         assert ids == whole[: len(ids)]  # the prompt is the question, earlier steps and their documents
     docs = tok.encode(traj.turns[1].text, add_special_tokens=False)
-    assert samples[1][0][len(samples[1][0]) - len(model_turns[1].ids) - len(docs):][:len(docs)] == docs
+    assert samples[1][0][len(samples[1][0]) - len(model_turns[1].ids) - len(docs) :][: len(docs)] == docs
     n = len(model_turns[2].ids) + 1 + 3  # the last step, its EOS and 3 tokens of context
     ids, labels = tokenize_steps(traj.to_json(), tok, max_length=n)[2]
     assert len(ids) == n and ids[3:] == model_turns[2].ids + [tok.eos_token_id] == labels[3:]
-    assert ids[:3] == samples[2][0][-n:-n + 3] and labels[:3] == [IGNORE] * 3
+    assert ids[:3] == samples[2][0][-n : -n + 3] and labels[:3] == [IGNORE] * 3
 
 
 def test_only_a_qa_readers_documents_go_back_into_its_prompt():
@@ -113,9 +129,13 @@ def test_only_a_qa_readers_documents_go_back_into_its_prompt():
     assert framed_prompt(traj, tok, P) == traj.prompt == P.prompt(traj.question)
     qa = Protocol(template="qa", doc_style="plain")
     hits = [Hit("c1", 1.0, "Zentro Labs", DOCS[1]["text"])]
-    reader = run_rollouts([{"id": "r", "question": "Where is it ?"}],
-                          ScriptedGenerator(lambda t: "Velmar </answer>"), BM25Retriever.build(DOCS[1:]), qa,
-                          EnvConfig(mode="rag", top_k=1))[0]
+    reader = run_rollouts(
+        [{"id": "r", "question": "Where is it ?"}],
+        ScriptedGenerator(lambda t: "Velmar </answer>"),
+        BM25Retriever.build(DOCS[1:]),
+        qa,
+        EnvConfig(mode="rag", top_k=1),
+    )[0]
     row = reader.to_json()
     assert framed_prompt(Trajectory.from_json(row), tok, qa) == qa.prompt("Where is it ?", docs=hits) == row["prompt"]
     row["documents"] = []  # closed-book: no retrieval, the bare reader prompt

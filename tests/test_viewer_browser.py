@@ -9,28 +9,56 @@ from r3rag.report import write_viewer
 
 pytestmark = pytest.mark.skipif(
     chromium_path() is None,
-    reason="LOUD SKIP: chromium is not installed (.ci/run installs it; Debian: apt-get install chromium)")
+    reason="LOUD SKIP: chromium is not installed (.ci/run installs it; Debian: apt-get install chromium)",
+)
 
 
 def _eval_dir(tmp_path):
     d = tmp_path / "eval"
     d.mkdir()
-    docs = [[{"id": "p1-works", "title": "Ava Smith", "text": "Ava Smith works for Zentro Labs .", "score": 3.1},
-             {"id": "p9-born", "title": "Bo Smith", "text": "Bo Smith was born in Korla .", "score": 1.2}],
-            [{"id": "c1-hq", "title": "Zentro Labs", "text": "Zentro Labs is headquartered in Velmar .", "score": 2.0}]]
+    docs = [
+        [
+            {"id": "p1-works", "title": "Ava Smith", "text": "Ava Smith works for Zentro Labs .", "score": 3.1},
+            {"id": "p9-born", "title": "Bo Smith", "text": "Bo Smith was born in Korla .", "score": 1.2},
+        ],
+        [{"id": "c1-hq", "title": "Zentro Labs", "text": "Zentro Labs is headquartered in Velmar .", "score": 2.0}],
+    ]
     rows = [
-        {"system": "sft", "id": "q1", "question": "Where is the company Ava Smith works for headquartered ?",
-         "golden_answers": ["Velmar"], "answer": "Velmar", "em": 1.0, "f1": 1.0, "finish_reason": "answer",
-         "turns": [{"role": "model", "text": "<search> Ava Smith works for </search>"},
-                   {"role": "env", "text": "\n<information> ... </information>\n"},
-                   {"role": "model", "text": "<think> Ava Smith works for Zentro Labs . </think> <search> Zentro Labs is headquartered in </search>"},
-                   {"role": "env", "text": "\n<information> ... </information>\n"},
-                   {"role": "model", "text": "<answer> Velmar </answer>"}],
-         "retrieved_docs": docs, "gold_docs": ["p1-works", "c1-hq"]},
-        {"system": "rag", "id": "q1", "question": "Where is the company Ava Smith works for headquartered ?",
-         "golden_answers": ["Velmar"], "answer": "Korla </b><script>alert(1)</script>", "em": 0.0, "f1": 0.0,
-         "finish_reason": "answer", "turns": [{"role": "env", "text": "\n<information> ... </information>\n"}],
-         "retrieved_docs": [docs[0]], "gold_docs": ["p1-works", "c1-hq"]},
+        {
+            "system": "sft",
+            "id": "q1",
+            "question": "Where is the company Ava Smith works for headquartered ?",
+            "golden_answers": ["Velmar"],
+            "answer": "Velmar",
+            "em": 1.0,
+            "f1": 1.0,
+            "finish_reason": "answer",
+            "turns": [
+                {"role": "model", "text": "<search> Ava Smith works for </search>"},
+                {"role": "env", "text": "\n<information> ... </information>\n"},
+                {
+                    "role": "model",
+                    "text": "<think> Ava Smith works for Zentro Labs . </think> <search> Zentro Labs is headquartered in </search>",
+                },
+                {"role": "env", "text": "\n<information> ... </information>\n"},
+                {"role": "model", "text": "<answer> Velmar </answer>"},
+            ],
+            "retrieved_docs": docs,
+            "gold_docs": ["p1-works", "c1-hq"],
+        },
+        {
+            "system": "rag",
+            "id": "q1",
+            "question": "Where is the company Ava Smith works for headquartered ?",
+            "golden_answers": ["Velmar"],
+            "answer": "Korla </b><script>alert(1)</script>",
+            "em": 0.0,
+            "f1": 0.0,
+            "finish_reason": "answer",
+            "turns": [{"role": "env", "text": "\n<information> ... </information>\n"}],
+            "retrieved_docs": [docs[0]],
+            "gold_docs": ["p1-works", "c1-hq"],
+        },
     ]
     (d / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
     return d

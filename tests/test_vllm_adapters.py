@@ -26,8 +26,10 @@ class FakeLLM:
     def generate(self, prompts, sampling_params, use_tqdm=True):
         self.calls.append((prompts, sampling_params))
         finish = "length" if len(self.reply) >= sampling_params.max_tokens else "stop"
-        return [SimpleNamespace(outputs=[SimpleNamespace(token_ids=tuple(self.reply), finish_reason=finish)])
-                for _ in prompts]
+        return [
+            SimpleNamespace(outputs=[SimpleNamespace(token_ids=tuple(self.reply), finish_reason=finish)])
+            for _ in prompts
+        ]
 
 
 @pytest.fixture
@@ -58,10 +60,9 @@ def test_rl_colocate_generator_sends_token_ids_and_reads_back_turns(fake_vllm):
 def test_eval_vllm_backend_loads_the_policy_weights_into_an_engine(pipeline_runs, fake_vllm, monkeypatch):
     import json
 
+    from r3rag.jsonl import read_jsonl
     from r3rag.modeling import load_tokenizer
     from r3rag.pipeline import run_stage
-
-    from r3rag.jsonl import read_jsonl
 
     runs, refs = pipeline_runs
     tok = load_tokenizer(refs["sft"].path / "model")
@@ -70,8 +71,7 @@ def test_eval_vllm_backend_loads_the_policy_weights_into_an_engine(pipeline_runs
     init = FakeLLM.__init__
     monkeypatch.setattr(FakeLLM, "__init__", lambda self, model, **kw: init(self, model, reply=reply))
     pinned = [f"{s}={refs[s].path}" for s in ("world", "index", "sft")]  # other tests add artifacts to runs
-    ref = run_stage("eval", None, ["systems=[rag,sft]", "rl=", "limit=6", "backend=vllm", "name=vllm", *pinned],
-                    runs)
+    ref = run_stage("eval", None, ["systems=[rag,sft]", "rl=", "limit=6", "backend=vllm", "name=vllm", *pinned], runs)
     (engine,) = FakeLLM.made  # rag and sft run the same weights: one engine
     assert engine.model == str(refs["sft"].path / "model")
     prompts, params = engine.calls[0]
@@ -89,8 +89,19 @@ def test_eval_vllm_backend_refuses_two_sets_of_weights(pipeline_runs, fake_vllm)
 
     runs, refs = pipeline_runs
     with pytest.raises(UserError, match="one set of weights per eval.*sft, rl"):
-        run_stage("eval", None, ["systems=[sft,rl]", f"sft={refs['sft'].path}", f"rl={refs['rl'].path}",
-                                 "backend=vllm", "name=twoweights", "limit=2"], runs)
+        run_stage(
+            "eval",
+            None,
+            [
+                "systems=[sft,rl]",
+                f"sft={refs['sft'].path}",
+                f"rl={refs['rl'].path}",
+                "backend=vllm",
+                "name=twoweights",
+                "limit=2",
+            ],
+            runs,
+        )
     assert FakeLLM.made == []  # refused before loading anything
 
 
@@ -102,6 +113,19 @@ def test_eval_vllm_backend_without_vllm_is_a_clear_error(pipeline_runs):
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here")
     runs, _ = pipeline_runs
-    out = r3rag("eval", "--runs-dir", str(runs), "--set", "systems=[sft]", "--set", "rl=", "--set", "limit=2",
-                "--set", "backend=vllm", "--set", "name=novllm")
+    out = r3rag(
+        "eval",
+        "--runs-dir",
+        str(runs),
+        "--set",
+        "systems=[sft]",
+        "--set",
+        "rl=",
+        "--set",
+        "limit=2",
+        "--set",
+        "backend=vllm",
+        "--set",
+        "name=novllm",
+    )
     assert_one_line_error(out, "eval.backend=vllm: vLLM is not installed")

@@ -8,9 +8,16 @@ import pytest
 
 from r3rag.data.world import World, WorldConfig, generate_world, world_vocabulary
 
-SMALL = dict(n_clusters=6, test_clusters=2, people_per_cluster=10,
-             companies_per_cluster=4, universities_per_cluster=2, n_cities=20, n_countries=5,
-             doc_unit="entity")
+SMALL = dict(
+    n_clusters=6,
+    test_clusters=2,
+    people_per_cluster=10,
+    companies_per_cluster=4,
+    universities_per_cluster=2,
+    n_cities=20,
+    n_countries=5,
+    doc_unit="entity",
+)
 
 
 @pytest.fixture(scope="module")
@@ -35,8 +42,11 @@ def _contains(text: str, name: str) -> bool:
 
 _PATTERNS = {
     "p": {"born": r"born in (\S+)", "works": r"works for (\S+ \S+)", "studied": r"studied at (\S+ \S+)"},
-    "c": {"headquartered": r"headquartered in (\S+)", "founded": r"in (\d{4})",
-          "founder": r"(?:founder (?:is )?|founded by )(\S+ \S+)"},
+    "c": {
+        "headquartered": r"headquartered in (\S+)",
+        "founded": r"in (\d{4})",
+        "founder": r"(?:founder (?:is )?|founded by )(\S+ \S+)",
+    },
     "u": {"located": r"located in (\S+)"},
     "city": {"country": r"country (?:of )?(\S+) \.$"},
     "n": {},
@@ -44,7 +54,7 @@ _PATTERNS = {
 
 
 def _split_query(query: str) -> tuple[str, str]:
-    """"Ava Smith works for" -> ("Ava Smith", "works for")."""
+    """ "Ava Smith works for" -> ("Ava Smith", "works for")."""
     from r3rag.data.world import RELATION_PHRASES
 
     for phrase in RELATION_PHRASES.values():
@@ -99,6 +109,7 @@ def test_vocabulary_is_seed_independent_and_clean():
     assert vocab == world_vocabulary()
     assert len(vocab) == len(set(vocab))
     from r3rag.data import world as w
+
     pools = [w.FIRST_NAMES, w.LAST_NAMES, w.CITY_NAMES, w.COUNTRY_NAMES, w.COMPANY_WORDS, w.UNIVERSITY_WORDS]
     assert [len(p) for p in pools] == [300, 300, 300, 60, 300, 100]
     pool_words = [word for pool in pools for word in pool]
@@ -200,9 +211,13 @@ def test_chain_queries_hit_target_doc(world):
 
 def test_every_keyword_in_every_template():
     from r3rag.data import world as w
-    needed = {"person": ("born", "works", "studied"),
-              "company": ("headquartered", "founded", "founder"),
-              "university": ("located",), "city": ("country",)}
+
+    needed = {
+        "person": ("born", "works", "studied"),
+        "company": ("headquartered", "founded", "founder"),
+        "university": ("located",),
+        "city": ("country",),
+    }
     for kind, keywords in needed.items():
         for template in w.DOC_TEMPLATES[kind]:
             for keyword in keywords:
@@ -239,14 +254,17 @@ def test_founders_and_employers_stay_in_cluster(world):
                 assert cluster_of[parsed[relation]] == cluster_of[name]
 
 
-@pytest.mark.parametrize("overrides", [
-    dict(people_per_cluster=2000),
-    dict(companies_per_cluster=50),
-    dict(universities_per_cluster=4),
-    dict(n_cities=301),
-    dict(n_countries=61),
-    dict(test_clusters=61),
-])
+@pytest.mark.parametrize(
+    "overrides",
+    [
+        dict(people_per_cluster=2000),
+        dict(companies_per_cluster=50),
+        dict(universities_per_cluster=4),
+        dict(n_cities=301),
+        dict(n_countries=61),
+        dict(test_clusters=61),
+    ],
+)
 def test_too_many_names_raise(overrides):
     with pytest.raises(ValueError):
         generate_world(WorldConfig(**overrides))

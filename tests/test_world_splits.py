@@ -26,12 +26,21 @@ def world():
     return generate_world(SPLIT)
 
 
-@pytest.mark.parametrize("config, train_sha, test_sha", [
-    (WorldConfig(seed=0), "e5edd07ac2d63b340b850a3e470423f1e6aa9513f9b2664ae162b48c50cc3fca",
-     "a14b603ec6ddedf0eb05dcd652cb8b1e0fffa9d7ca3266741ede111efc58a0b0"),
-    (WorldConfig(seed=1, **HARD), "91f48d9ea2170dd50b099e8c57948b8b006098a569778d563d0f0c116741f62d",
-     "4c65fffa7185d86e46be7a8c980df3a58382c6d7d739f491ca2300526db99afb"),
-])
+@pytest.mark.parametrize(
+    "config, train_sha, test_sha",
+    [
+        (
+            WorldConfig(seed=0),
+            "e5edd07ac2d63b340b850a3e470423f1e6aa9513f9b2664ae162b48c50cc3fca",
+            "a14b603ec6ddedf0eb05dcd652cb8b1e0fffa9d7ca3266741ede111efc58a0b0",
+        ),
+        (
+            WorldConfig(seed=1, **HARD),
+            "91f48d9ea2170dd50b099e8c57948b8b006098a569778d563d0f0c116741f62d",
+            "4c65fffa7185d86e46be7a8c980df3a58382c6d7d739f491ca2300526db99afb",
+        ),
+    ],
+)
 def test_worlds_without_the_new_settings_are_what_they_were(config, train_sha, test_sha):
     """Recorded from the generator before dev splits and named questions existed (demo seed 0,
     the replication's seed 1): every question, id and order the same."""
@@ -118,8 +127,9 @@ def test_the_oracle_answers_a_named_question_with_one_search(world):
 
     protocol = Protocol(template="minimal", doc_style="plain")
     named = [q for q in world.test if q["metadata"]["type"] == "named"][:60]
-    trajs = run_rollouts(named, oracle_generator(named, protocol), BM25Retriever.build(world.docs), protocol,
-                         EnvConfig(top_k=3))
+    trajs = run_rollouts(
+        named, oracle_generator(named, protocol), BM25Retriever.build(world.docs), protocol, EnvConfig(top_k=3)
+    )
     assert all(len(t.retrieved) == 1 for t in trajs)
     assert all(t.queries[0] == q["metadata"]["chain"][-1]["query"] for t, q in zip(trajs, named))
     ok = [verify(t, q, protocol)[0] and verify_evidence(t, q)[0] for t, q in zip(trajs, named)]
@@ -134,9 +144,9 @@ def test_dev_and_named_settings_are_checked():
 
 
 def test_world_stage_writes_dev_and_probes_named_questions_apart(tmp_path):
-    from tests.conftest import TINY_WORLD
-    from r3rag.pipeline import run_stage
     from r3rag.jsonl import read_jsonl
+    from r3rag.pipeline import run_stage
+    from tests.conftest import TINY_WORLD
 
     small = {**TINY_WORLD, "n_clusters": 6, "dev_clusters": 1, "named": 0.3}
     ref = run_stage("world", None, [f"{k}={v}" for k, v in small.items()], tmp_path / "runs")

@@ -25,7 +25,12 @@ class WorldTeacher:
     def __init__(self, questions, protocol="search-r1", wrong_greedy=(), wrong=(), alias=(), judge_says=True):
         self.by_text = {q["question"]: q for q in questions}
         self.proto = Protocol(name=protocol)
-        self.wrong_greedy, self.wrong, self.alias, self.judge_says = set(wrong_greedy), set(wrong), set(alias), judge_says
+        self.wrong_greedy, self.wrong, self.alias, self.judge_says = (
+            set(wrong_greedy),
+            set(wrong),
+            set(alias),
+            judge_says,
+        )
 
     def __call__(self, body):
         if body["messages"][0]["content"].startswith("You are checking an answer"):  # r3rag.judge

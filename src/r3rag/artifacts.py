@@ -108,8 +108,9 @@ def load_manifest(path: Path) -> dict | None:
 def check_name(name: str) -> str:
     """Artifact names become directory names: no path separators, no hidden or huge names."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name or ""):
-        raise UserError(f"name {name[:80]!r}: must be 1-64 letters, digits, '.', '_' or '-', "
-                        "starting with a letter or digit")
+        raise UserError(
+            f"name {name[:80]!r}: must be 1-64 letters, digits, '.', '_' or '-', starting with a letter or digit"
+        )
     return name
 
 
@@ -137,7 +138,9 @@ def resolve(ref: str, stage: str, runs_dir: Path | None = None, verify: bool = T
         found = list_artifacts(runs_dir, stage)
         if which == "latest":
             if not found:
-                raise UserError(f"input {ref!r}: no complete {stage} artifact in {runs_dir}/{stage} (run `r3rag {stage}` first)")
+                raise UserError(
+                    f"input {ref!r}: no complete {stage} artifact in {runs_dir}/{stage} (run `r3rag {stage}` first)"
+                )
             art = found[-1]
         else:
             art = _by_id(ref, stage, which, found, runs_dir)
@@ -154,7 +157,9 @@ def resolve(ref: str, stage: str, runs_dir: Path | None = None, verify: bool = T
     if verify:
         actual, _ = hash_tree(art.path)
         if actual != art.content_hash:
-            raise UserError(f"input {art.path}: content hash does not match its manifest (files changed after it was written)")
+            raise UserError(
+                f"input {art.path}: content hash does not match its manifest (files changed after it was written)"
+            )
     return art
 
 
@@ -167,16 +172,24 @@ def _by_id(ref: str, stage: str, which: str, found: list[ArtifactRef], runs_dir:
     if len(matches) > 1:
         ids = [a.id for a in matches]
         shown = ", ".join(ids[:5]) + (f" and {len(ids) - 5} more" if len(ids) > 5 else "")  # one readable line
-        raise UserError(f"input {ref!r}: {len(ids)} {stage} artifacts in {runs_dir}/{stage} match ({shown}); "
-                        "give more of the id")
+        raise UserError(
+            f"input {ref!r}: {len(ids)} {stage} artifacts in {runs_dir}/{stage} match ({shown}); give more of the id"
+        )
     return matches[0]
 
 
 class ArtifactWriter:
     """Write a stage's outputs into a temp dir; `commit` (on clean exit) renames it into place."""
 
-    def __init__(self, stage: str, name: str, config: dict, inputs: dict[str, ArtifactRef],
-                 runs_dir: Path | None = None, seed: int | None = None):
+    def __init__(
+        self,
+        stage: str,
+        name: str,
+        config: dict,
+        inputs: dict[str, ArtifactRef],
+        runs_dir: Path | None = None,
+        seed: int | None = None,
+    ):
         self.stage, self.config, self.inputs, self.seed = stage, config, inputs, seed
         self.runs_dir = Path(runs_dir or default_runs_dir())
         self.hash = config_hash(stage, config, inputs)
@@ -234,8 +247,10 @@ class ArtifactWriter:
         return [p for p in parent.glob(f".*-{self.id}*") if not p.name.startswith(".tmp-")] if parent.is_dir() else []
 
     def _write_error(self, e: OSError) -> UserError:
-        return UserError(f"{self.stage}: cannot write {e.filename or self.dir}: {e.strerror or e} "
-                         "(the incomplete output was removed; nothing was published)")
+        return UserError(
+            f"{self.stage}: cannot write {e.filename or self.dir}: {e.strerror or e} "
+            "(the incomplete output was removed; nothing was published)"
+        )
 
     def _remove_stale_temp_dirs(self) -> None:
         """Temp dirs that killed runs of this artifact left on this host (their process is gone)."""
@@ -316,8 +331,13 @@ def library_versions() -> dict:
 
 def code_version() -> str:
     try:
-        sha = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=Path(__file__).parent,
-                             capture_output=True, text=True, timeout=5).stdout.strip()
+        sha = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"],
+            cwd=Path(__file__).parent,
+            capture_output=True,
+            text=True,
+            timeout=5,
+        ).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         sha = ""
     return f"{__version__}+{sha}" if sha else __version__

@@ -14,9 +14,17 @@ from pathlib import Path
 from r3rag.errors import UserError
 
 # No network here: without these flags Chromium keeps trying to reach Google's services.
-_FLAGS = ["--headless", "--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run",
-          "--disable-background-networking", "--disable-component-update", "--disable-sync",
-          "--hide-scrollbars"]
+_FLAGS = [
+    "--headless",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+    "--hide-scrollbars",
+]
 
 
 def chromium_path() -> str | None:
@@ -32,8 +40,9 @@ def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess:
     if exe is None:
         raise UserError("chromium not found (Debian: apt-get install chromium)")
     with tempfile.TemporaryDirectory() as profile:
-        return subprocess.run([exe, *_FLAGS, f"--user-data-dir={profile}", *args], capture_output=True,
-                              text=True, timeout=timeout)
+        return subprocess.run(
+            [exe, *_FLAGS, f"--user-data-dir={profile}", *args], capture_output=True, text=True, timeout=timeout
+        )
 
 
 def dump_dom(html: Path, timeout: int = 60) -> str:

@@ -14,7 +14,7 @@ import errno
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated
 
 import typer
 
@@ -23,13 +23,20 @@ from r3rag.errors import UserError
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
-app = typer.Typer(help="Train language models to reason and retrieve step by step.", no_args_is_help=True,
-                  pretty_exceptions_enable=False, add_completion=False, rich_markup_mode="markdown")
+app = typer.Typer(
+    help="Train language models to reason and retrieve step by step.",
+    no_args_is_help=True,
+    pretty_exceptions_enable=False,
+    add_completion=False,
+    rich_markup_mode="markdown",
+)
 
-ConfigOpt = Annotated[Optional[Path], typer.Option("--config", "-c", help="Pipeline YAML; this stage's section is used.")]
-SetOpt = Annotated[Optional[list[str]], typer.Option("--set", "-s", help="Override a config key: KEY=VALUE (repeatable).")]
-SeedOpt = Annotated[Optional[int], typer.Option("--seed", help="Shortcut for --set seed=N.")]
-RunsOpt = Annotated[Optional[Path], typer.Option("--runs-dir", help="Where artifacts live (default: runs/ or $R3RAG_RUNS).")]
+ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="Pipeline YAML; this stage's section is used.")]
+SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a config key: KEY=VALUE (repeatable).")]
+SeedOpt = Annotated[int | None, typer.Option("--seed", help="Shortcut for --set seed=N.")]
+RunsOpt = Annotated[
+    Path | None, typer.Option("--runs-dir", help="Where artifacts live (default: runs/ or $R3RAG_RUNS).")
+]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks.")]
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue from the run's last checkpoint (same settings).")]
 
@@ -61,8 +68,13 @@ def _stderr_line(*parts) -> None:
 
 
 def _stage_command(stage: str):
-    def command(config: ConfigOpt = None, set_: SetOpt = None, seed: SeedOpt = None,
-                runs_dir: RunsOpt = None, debug: DebugOpt = False):
+    def command(
+        config: ConfigOpt = None,
+        set_: SetOpt = None,
+        seed: SeedOpt = None,
+        runs_dir: RunsOpt = None,
+        debug: DebugOpt = False,
+    ):
         def go():
             from r3rag.pipeline import run_stage
 
@@ -93,8 +105,14 @@ def _rl_command():
     """`rl` is the one stage that resumes: `--resume` is `--set resume=true`."""
     base = _stage_command("rl")
 
-    def command(config: ConfigOpt = None, set_: SetOpt = None, seed: SeedOpt = None, resume: ResumeOpt = False,
-                runs_dir: RunsOpt = None, debug: DebugOpt = False):
+    def command(
+        config: ConfigOpt = None,
+        set_: SetOpt = None,
+        seed: SeedOpt = None,
+        resume: ResumeOpt = False,
+        runs_dir: RunsOpt = None,
+        debug: DebugOpt = False,
+    ):
         base(config, list(set_ or []) + (["resume=true"] if resume else []), seed, runs_dir, debug)
 
     command.__doc__ = base.__doc__
@@ -106,10 +124,15 @@ for _stage in ("model", "world", "index", "synthesize", "base", "sft", "rl", "ev
 
 
 @app.command("report", epilog=_config_epilog("report"))
-def report_cmd(evals: Annotated[Optional[list[str]], typer.Argument(help="Eval artifacts: eval:latest, eval:<id> or a directory.")] = None,
-               name: Annotated[str, typer.Option(help="Name of the report artifact.")] = "default",
-               screenshot: Annotated[bool, typer.Option(help="Also write viewer.png (headless Chromium).")] = False,
-               runs_dir: RunsOpt = None, debug: DebugOpt = False):
+def report_cmd(
+    evals: Annotated[
+        list[str] | None, typer.Argument(help="Eval artifacts: eval:latest, eval:<id> or a directory.")
+    ] = None,
+    name: Annotated[str, typer.Option(help="Name of the report artifact.")] = "default",
+    screenshot: Annotated[bool, typer.Option(help="Also write viewer.png (headless Chromium).")] = False,
+    runs_dir: RunsOpt = None,
+    debug: DebugOpt = False,
+):
     """One table over eval artifacts (terminal, Markdown, CSV), a bar chart PNG and an HTML trajectory viewer."""
 
     def go():
@@ -125,12 +148,24 @@ def report_cmd(evals: Annotated[Optional[list[str]], typer.Argument(help="Eval a
 
 @app.command("eval-retrieval")
 def eval_retrieval_cmd(
-    questions: Annotated[Path, typer.Argument(help="Question JSONL (id, question, golden_answers, metadata with supporting_titles or paragraphs).")],
-    index: Annotated[str, typer.Option(help="Index artifact: index:latest, index:<id> or a directory.")] = "index:latest",
+    questions: Annotated[
+        Path,
+        typer.Argument(
+            help="Question JSONL (id, question, golden_answers, metadata with supporting_titles or paragraphs)."
+        ),
+    ],
+    index: Annotated[
+        str, typer.Option(help="Index artifact: index:latest, index:<id> or a directory.")
+    ] = "index:latest",
     ks: Annotated[str, typer.Option(help="Comma-separated k values.")] = "1,3,5,10",
     limit: Annotated[int, typer.Option(help="First N questions (0 = all).")] = 0,
-    hop_queries: Annotated[Optional[Path], typer.Option(help="JSONL of {id, queries: [...]}: also score the union of these hop queries' results.")] = None,
-    runs_dir: RunsOpt = None, debug: DebugOpt = False):
+    hop_queries: Annotated[
+        Path | None,
+        typer.Option(help="JSONL of {id, queries: [...]}: also score the union of these hop queries' results."),
+    ] = None,
+    runs_dir: RunsOpt = None,
+    debug: DebugOpt = False,
+):
     """Retrieval quality: recall@k of gold supporting passages and answer-recall@k, single-shot with
     the question text (and for given hop queries). Prints a table, then one line of JSON."""
 
@@ -173,8 +208,16 @@ def eval_retrieval_cmd(
 
 @app.command("import-model")
 def import_model_cmd(
-        source: Annotated[str, typer.Argument(help="A packaged model (smollm2-135m-instruct), a .gguf file, or a hub id / model directory (recorded, not copied).")] = "smollm2-135m-instruct",
-        set_: SetOpt = None, runs_dir: RunsOpt = None, debug: DebugOpt = False):
+    source: Annotated[
+        str,
+        typer.Argument(
+            help="A packaged model (smollm2-135m-instruct), a .gguf file, or a hub id / model directory (recorded, not copied)."
+        ),
+    ] = "smollm2-135m-instruct",
+    set_: SetOpt = None,
+    runs_dir: RunsOpt = None,
+    debug: DebugOpt = False,
+):
     """A GGUF file (or a packaged model) as a versioned `model` artifact: `r3rag model --set source=SOURCE`.
 
     Prints the artifact's path; other stages take it as `model: model:latest`.
@@ -190,12 +233,18 @@ def import_model_cmd(
 
 @app.command("import")
 def import_cmd(
-        input: Annotated[Path, typer.Argument(help="QA file: a JSON list (original datasets) or JSONL.")],
-        out: Annotated[Path, typer.Option("--out", "-o", help="Question JSONL to write (r3rag / FlashRAG schema).")],
-        format: Annotated[str, typer.Option("--format", "-f", help="auto, hotpotqa, 2wiki, musique or flashrag.")] = "auto",
-        corpus_out: Annotated[Optional[Path], typer.Option("--corpus-out", help="Also write the context paragraphs as a deduplicated {id, title, text} corpus.")] = None,
-        limit: Annotated[int, typer.Option(help="First N questions (0 = all).")] = 0,
-        debug: DebugOpt = False):
+    input: Annotated[Path, typer.Argument(help="QA file: a JSON list (original datasets) or JSONL.")],
+    out: Annotated[Path, typer.Option("--out", "-o", help="Question JSONL to write (r3rag / FlashRAG schema).")],
+    format: Annotated[str, typer.Option("--format", "-f", help="auto, hotpotqa, 2wiki, musique or flashrag.")] = "auto",
+    corpus_out: Annotated[
+        Path | None,
+        typer.Option(
+            "--corpus-out", help="Also write the context paragraphs as a deduplicated {id, title, text} corpus."
+        ),
+    ] = None,
+    limit: Annotated[int, typer.Option(help="First N questions (0 = all).")] = 0,
+    debug: DebugOpt = False,
+):
     """Convert a HotpotQA, 2WikiMultiHopQA, MuSiQue or FlashRAG file into r3rag's question JSONL
     (`id`, `question`, `golden_answers`, `metadata` with `supporting_titles`, `paragraphs`, `hops`).
 
@@ -225,10 +274,15 @@ def import_cmd(
 
 
 @app.command("run")
-def run_cmd(pipeline: Annotated[Path, typer.Argument(help="Pipeline YAML (e.g. pipelines/demo.yaml).")],
-            set_: SetOpt = None, runs_dir: RunsOpt = None,
-            dry_run: Annotated[bool, typer.Option("--dry-run", help="Validate the whole config and print the plan; load and write nothing.")] = False,
-            debug: DebugOpt = False):
+def run_cmd(
+    pipeline: Annotated[Path, typer.Argument(help="Pipeline YAML (e.g. pipelines/demo.yaml).")],
+    set_: SetOpt = None,
+    runs_dir: RunsOpt = None,
+    dry_run: Annotated[
+        bool, typer.Option("--dry-run", help="Validate the whole config and print the plan; load and write nothing.")
+    ] = False,
+    debug: DebugOpt = False,
+):
     """Run a pipeline's stages in order, reusing any artifact that already exists for the same config and inputs.
 
     Overrides name the stage: --set world.seed=7 --set sft.epochs=2. The last line printed is
@@ -252,13 +306,25 @@ def run_cmd(pipeline: Annotated[Path, typer.Argument(help="Pipeline YAML (e.g. p
 
 @app.command("serve-retriever")
 def serve_retriever_cmd(
-        index: Annotated[str, typer.Option("--index", help="Index artifact: index:latest, index:ID or a path.")] = "index:latest",
-        host: Annotated[str, typer.Option("--host", help="Interface to bind (0.0.0.0 exposes it to the network).")] = "127.0.0.1",
-        port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8000,
-        max_batch: Annotated[int, typer.Option("--max-batch", help="Most queries one request may send.")] = 512,
-        max_topk: Annotated[int, typer.Option("--max-topk", help="Largest topk a request may ask for.")] = 100,
-        header_timeout: Annotated[float, typer.Option("--header-timeout", help="Seconds a connection has to send a request's headers (and its body), else it is closed.")] = 10.0,
-        runs_dir: RunsOpt = None, debug: DebugOpt = False):
+    index: Annotated[
+        str, typer.Option("--index", help="Index artifact: index:latest, index:ID or a path.")
+    ] = "index:latest",
+    host: Annotated[
+        str, typer.Option("--host", help="Interface to bind (0.0.0.0 exposes it to the network).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8000,
+    max_batch: Annotated[int, typer.Option("--max-batch", help="Most queries one request may send.")] = 512,
+    max_topk: Annotated[int, typer.Option("--max-topk", help="Largest topk a request may ask for.")] = 100,
+    header_timeout: Annotated[
+        float,
+        typer.Option(
+            "--header-timeout",
+            help="Seconds a connection has to send a request's headers (and its body), else it is closed.",
+        ),
+    ] = 10.0,
+    runs_dir: RunsOpt = None,
+    debug: DebugOpt = False,
+):
     """Serve an index over HTTP (Search-R1's `POST /retrieve`, plus `GET /health`), batching concurrent requests.
 
     Stages search through it with `--set retriever=http://HOST:PORT` (and `--set index=`).
@@ -271,15 +337,25 @@ def serve_retriever_cmd(
         if max_batch < 1 or max_topk < 1 or header_timeout <= 0:
             raise UserError("serve-retriever: --max-batch and --max-topk must be at least 1, --header-timeout above 0")
         art = resolve(index, "index", runs_dir)
-        serve(art.path / "index", host=host, port=port, max_batch=max_batch, max_topk=max_topk,
-              header_timeout=header_timeout, body_timeout=header_timeout)
+        serve(
+            art.path / "index",
+            host=host,
+            port=port,
+            max_batch=max_batch,
+            max_topk=max_topk,
+            header_timeout=header_timeout,
+            body_timeout=header_timeout,
+        )
 
     _guard(go, debug)
 
 
 @app.command("runs")
-def runs_cmd(stage: Annotated[Optional[str], typer.Argument(help="Only this stage.")] = None,
-             runs_dir: RunsOpt = None, debug: DebugOpt = False):
+def runs_cmd(
+    stage: Annotated[str | None, typer.Argument(help="Only this stage.")] = None,
+    runs_dir: RunsOpt = None,
+    debug: DebugOpt = False,
+):
     """List complete artifacts (incomplete directories have no manifest and are not shown)."""
 
     def go():

@@ -21,7 +21,6 @@ import yaml
 
 from r3rag.errors import UserError
 
-
 MAX_CONFIG_BYTES = 1 << 20  # configs are a few KB; PyYAML takes minutes over a 10 MB line
 
 

@@ -23,7 +23,8 @@ Usage:
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass, field
-from typing import Literal, Protocol as TypingProtocol
+from typing import Literal
+from typing import Protocol as TypingProtocol
 
 from r3rag.protocol import Protocol, Step
 
@@ -89,7 +90,7 @@ class Trajectory:
         return d
 
     @classmethod
-    def from_json(cls, d: dict) -> "Trajectory":
+    def from_json(cls, d: dict) -> Trajectory:
         """Rebuild from `to_json` output; extra keys (gold answers, metadata...) are ignored."""
         known = {f for f in cls.__dataclass_fields__ if f != "turns"}
         kept = {k: v for k, v in d.items() if k in known}
@@ -148,8 +149,9 @@ def _encode_many(tokenizer, texts: list[str]) -> list[list[int] | None]:
 def new_trajectory(example: dict, protocol: Protocol, tokenizer=None, docs: list | None = None) -> Trajectory:
     """`docs`: hits rendered inside the prompt (a `qa` reader's single-shot RAG), recorded as one search."""
     prompt = protocol.context_prompt(example["question"], tokenizer, docs=docs)
-    traj = Trajectory(id=str(example["id"]), question=example["question"], prompt=prompt,
-                      prompt_ids=_encode(tokenizer, prompt))
+    traj = Trajectory(
+        id=str(example["id"]), question=example["question"], prompt=prompt, prompt_ids=_encode(tokenizer, prompt)
+    )
     if docs is not None:
         _record_hits(traj, docs)
     return traj
@@ -170,8 +172,9 @@ def add_search_results(trajs: list[Trajectory], hits: list[list], protocol: Prot
 def _record_hits(traj: Trajectory, found: list) -> None:
     """One search's hits, as gold-document recall and the search count read them."""
     traj.retrieved.append([h.doc_id for h in found])
-    traj.documents.append([{"id": h.doc_id, "title": h.title, "text": h.text, "score": round(h.score, 4)}
-                           for h in found])
+    traj.documents.append(
+        [{"id": h.doc_id, "title": h.title, "text": h.text, "score": round(h.score, 4)} for h in found]
+    )
 
 
 def _start(examples: list[dict], retriever, protocol: Protocol, cfg: EnvConfig, tokenizer) -> list[Trajectory]:
@@ -196,8 +199,14 @@ def _trimmed(out: Generated, protocol: Protocol, tokenizer, prefill: str) -> Gen
         return out
     ids = out.ids
     if ids is not None and tokenizer is not None:  # the shortest id prefix that decodes to the kept text
-        ids = next((ids[:j] for j in range(len(ids) + 1)
-                    if len(tokenizer.decode(ids[:j], skip_special_tokens=True)) >= len(text)), ids)
+        ids = next(
+            (
+                ids[:j]
+                for j in range(len(ids) + 1)
+                if len(tokenizer.decode(ids[:j], skip_special_tokens=True)) >= len(text)
+            ),
+            ids,
+        )
     return Generated(text, ids, out.finish, out.error, _prefix(out.logprobs, None if ids is None else len(ids)))
 
 
@@ -206,8 +215,15 @@ def _prefix(logprobs: list[float] | None, n: int | None) -> list[float] | None:
     return logprobs if logprobs is None or n is None else logprobs[:n]
 
 
-def run_rollouts(examples: list[dict], generator: Generator, retriever: Retriever | None, protocol: Protocol,
-                 cfg: EnvConfig, tokenizer=None, on_turn=None) -> list[Trajectory]:
+def run_rollouts(
+    examples: list[dict],
+    generator: Generator,
+    retriever: Retriever | None,
+    protocol: Protocol,
+    cfg: EnvConfig,
+    tokenizer=None,
+    on_turn=None,
+) -> list[Trajectory]:
     """Run the batched loop to completion; `on_turn(n_done, n_total)` reports progress."""
     trajs = _start(examples, retriever, protocol, cfg, tokenizer)
     prefill = protocol.answer_prefill() if cfg.mode in ("direct", "rag") else ""
@@ -224,8 +240,11 @@ def run_rollouts(examples: list[dict], generator: Generator, retriever: Retrieve
             out = _trimmed(out, protocol, tokenizer, prefill)
             t.turns.append(Turn("model", out.text, out.ids, out.logprobs))
             t.eos_sampled = out.finish == "eos"  # that EOS alone gets gradient in RL (completion_with_eos)
-            step = (Step("invalid", out.text, reason=out.error) if out.finish == "error"
-                    else protocol.parse_step(prefill + out.text, ended=out.finish == "eos"))
+            step = (
+                Step("invalid", out.text, reason=out.error)
+                if out.finish == "error"
+                else protocol.parse_step(prefill + out.text, ended=out.finish == "eos")
+            )
             t.steps.append(_step_record(step))
             _finish_or_continue(t, step, out, turn_no, cfg, searching)
         if searching:
@@ -246,8 +265,9 @@ def _step_record(step: Step) -> dict:
     return {"kind": step.kind, "query": step.query, "answer": step.answer, "reason": step.reason}
 
 
-def _finish_or_continue(t: Trajectory, step: Step, out: Generated, turn_no: int, cfg: EnvConfig,
-                        searching: list) -> None:
+def _finish_or_continue(
+    t: Trajectory, step: Step, out: Generated, turn_no: int, cfg: EnvConfig, searching: list
+) -> None:
     if step.kind == "answer":
         t.answer, t.finish_reason = step.answer, "answer"
     elif step.kind == "invalid" or out.finish == "eos":  # EOS closes the message: nothing may follow it

@@ -28,14 +28,25 @@ def to_prediction(system: str, traj, q: dict, sample: int = 0) -> dict:
     gold = q["golden_answers"]
     meta = q.get("metadata", {})
     return {
-        "system": system, "id": q["id"], "sample": sample, "question": q["question"], "golden_answers": gold,
-        "answer": traj.answer, "em": exact_match(traj.answer, gold), "f1": f1_score(traj.answer, gold),
-        "cover": cover_match(traj.answer, gold), "finish_reason": traj.finish_reason,
-        "searches": len(traj.retrieved), "hops": meta.get("hops"), "type": meta.get("type"),
+        "system": system,
+        "id": q["id"],
+        "sample": sample,
+        "question": q["question"],
+        "golden_answers": gold,
+        "answer": traj.answer,
+        "em": exact_match(traj.answer, gold),
+        "f1": f1_score(traj.answer, gold),
+        "cover": cover_match(traj.answer, gold),
+        "finish_reason": traj.finish_reason,
+        "searches": len(traj.retrieved),
+        "hops": meta.get("hops"),
+        "type": meta.get("type"),
         "dataset": meta.get("dataset"),
-        "tokens": _model_tokens(traj), "gold_doc_recall": gold_recall(traj, meta),
+        "tokens": _model_tokens(traj),
+        "gold_doc_recall": gold_recall(traj, meta),
         "turns": [{"role": t.role, "text": t.text} for t in traj.turns],
-        "retrieved_docs": traj.documents, "gold_docs": meta.get("supporting_docs") or meta.get("supporting_titles", []),
+        "retrieved_docs": traj.documents,
+        "gold_docs": meta.get("supporting_docs") or meta.get("supporting_titles", []),
     }
 
 
@@ -67,14 +78,23 @@ def summarize(rows: list[dict]) -> dict:
         per_q[r["id"]].append(r)
     qs = list(per_q.values())
     scores = _scores(qs)
-    out = {"em": scores["em"] or 0.0, "f1": scores["f1"] or 0.0, "cover": scores["cover"] or 0.0,
-           "n": len(qs), "samples": len(rows) // max(len(qs), 1),
-           "em_ci": scores["em_ci"], "f1_ci": scores["f1_ci"], "cover_ci": scores["cover_ci"],
-           "searches": _mean([r["searches"] for r in rows]) or 0.0, "tokens": _mean([r["tokens"] for r in rows]),
-           "finish_reasons": dict(Counter(r["finish_reason"] for r in rows)),
-           "gold_doc_recall": _mean([r["gold_doc_recall"] for r in rows]),
-           "by_hops": _breakdown(rows, "hops"), "by_type": _breakdown(rows, "type"),
-           "by_dataset": _by_dataset(rows)}
+    out = {
+        "em": scores["em"] or 0.0,
+        "f1": scores["f1"] or 0.0,
+        "cover": scores["cover"] or 0.0,
+        "n": len(qs),
+        "samples": len(rows) // max(len(qs), 1),
+        "em_ci": scores["em_ci"],
+        "f1_ci": scores["f1_ci"],
+        "cover_ci": scores["cover_ci"],
+        "searches": _mean([r["searches"] for r in rows]) or 0.0,
+        "tokens": _mean([r["tokens"] for r in rows]),
+        "finish_reasons": dict(Counter(r["finish_reason"] for r in rows)),
+        "gold_doc_recall": _mean([r["gold_doc_recall"] for r in rows]),
+        "by_hops": _breakdown(rows, "hops"),
+        "by_type": _breakdown(rows, "type"),
+        "by_dataset": _by_dataset(rows),
+    }
     if out["samples"] > 1:
         out["em_any"] = _mean([float(any(r["em"] for r in rs)) for rs in qs])
     if any("judge" in r for r in rows):
@@ -87,8 +107,10 @@ def _breakdown(rows: list[dict], key: str) -> dict:
     for r in rows:
         if r.get(key) is not None:
             groups[str(r[key])].append(r)
-    return {g: {"em": _mean([r["em"] for r in rs]), "f1": _mean([r["f1"] for r in rs]),
-                "n": len({r["id"] for r in rs})} for g, rs in sorted(groups.items())}
+    return {
+        g: {"em": _mean([r["em"] for r in rs]), "f1": _mean([r["f1"] for r in rs]), "n": len({r["id"] for r in rs})}
+        for g, rs in sorted(groups.items())
+    }
 
 
 def _by_dataset(rows: list[dict]) -> dict:
@@ -142,9 +164,16 @@ def print_table(metrics: dict, console) -> None:
         table.add_column(col, justify="right" if col != "system" else "left")
     fmt = lambda v, spec=".3f": "-" if v is None else format(v, spec)  # noqa: E731
     for name, m in systems.items():
-        row = {"system": name, "EM": fmt(m["em"]), "F1": fmt(m["f1"]), "n": str(m["n"]), "judge": fmt(m.get("judge_acc")),
-               "searches": fmt(m["searches"], ".2f"), "tokens": fmt(m.get("tokens"), ".1f"),
-               "q/s": fmt(m.get("questions_per_s"), ".1f")}
+        row = {
+            "system": name,
+            "EM": fmt(m["em"]),
+            "F1": fmt(m["f1"]),
+            "n": str(m["n"]),
+            "judge": fmt(m.get("judge_acc")),
+            "searches": fmt(m["searches"], ".2f"),
+            "tokens": fmt(m.get("tokens"), ".1f"),
+            "q/s": fmt(m.get("questions_per_s"), ".1f"),
+        }
         hops = m.get("by_hops", {})
         row.update({f"{h}-hop EM": fmt(hops[h]["em"]) if h in hops else "-" for h in hop_keys})
         table.add_row(*(row[c] for c in cols))

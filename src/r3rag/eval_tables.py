@@ -27,11 +27,16 @@ def _cell(value, ci) -> str:
 def dataset_table(systems: dict[str, dict]) -> str:
     lines = ["| system | data set | n | EM [95% CI] | F1 [95% CI] | cover [95% CI] |", "|---|---|---|---|---|---|"]
     for label, m in systems.items():
-        rows = [("all", m)] + sorted(m.get("by_dataset", {}).items()) if len(m.get("by_dataset", {})) > 1 \
+        rows = (
+            [("all", m)] + sorted(m.get("by_dataset", {}).items())
+            if len(m.get("by_dataset", {})) > 1
             else [(next(iter(m.get("by_dataset", {})), "all"), m)]
+        )
         for name, d in rows:
-            lines.append(f"| {label} | {name} | {d['n']} | {_cell(d['em'], d.get('em_ci', (0, 0)))} | "
-                         f"{_cell(d['f1'], d.get('f1_ci', (0, 0)))} | {_cell(d.get('cover'), d.get('cover_ci', (0, 0)))} |")
+            lines.append(
+                f"| {label} | {name} | {d['n']} | {_cell(d['em'], d.get('em_ci', (0, 0)))} | "
+                f"{_cell(d['f1'], d.get('f1_ci', (0, 0)))} | {_cell(d.get('cover'), d.get('cover_ci', (0, 0)))} |"
+            )
     return "\n".join(lines) + "\n"
 
 
@@ -51,8 +56,16 @@ def paired_comparisons(rows: list[dict], references: list[str]) -> list[dict]:
         for system in [s for s in em if s != ref]:
             ids = sorted(set(em[system]) & set(em[ref]))
             diff, ci = paired_bootstrap_diff([em[system][i] for i in ids], [em[ref][i] for i in ids])
-            out.append({"system": system, "reference": ref, "n": len(ids), "em_diff": diff, "em_diff_ci": list(ci),
-                        "inside_noise": ci[0] <= 0 <= ci[1]})
+            out.append(
+                {
+                    "system": system,
+                    "reference": ref,
+                    "n": len(ids),
+                    "em_diff": diff,
+                    "em_diff_ci": list(ci),
+                    "inside_noise": ci[0] <= 0 <= ci[1],
+                }
+            )
     return out
 
 
@@ -62,6 +75,8 @@ def comparison_table(comparisons: list[dict]) -> str:
     lines = ["| system | vs | n | EM difference [95% paired CI] | verdict |", "|---|---|---|---|---|"]
     for c in comparisons:
         verdict = "inside the noise" if c["inside_noise"] else ("better" if c["em_diff"] > 0 else "worse")
-        lines.append(f"| {c['system']} | {c['reference']} | {c['n']} | "
-                     f"{c['em_diff']:+.3f} [{c['em_diff_ci'][0]:+.3f}, {c['em_diff_ci'][1]:+.3f}] | {verdict} |")
+        lines.append(
+            f"| {c['system']} | {c['reference']} | {c['n']} | "
+            f"{c['em_diff']:+.3f} [{c['em_diff_ci'][0]:+.3f}, {c['em_diff_ci'][1]:+.3f}] | {verdict} |"
+        )
     return "\n".join(lines) + "\n"

@@ -36,8 +36,16 @@ from pathlib import Path
 
 from r3rag.artifacts import ArtifactRef, ArtifactWriter
 from r3rag.errors import UserError
-from r3rag.pipeline import (is_experiment, load_pipeline, pipeline_stages, plan_pipeline, plan_stages, run_pipeline,
-                            run_stages, split_overrides)
+from r3rag.pipeline import (
+    is_experiment,
+    load_pipeline,
+    pipeline_stages,
+    plan_pipeline,
+    plan_stages,
+    run_pipeline,
+    run_stages,
+    split_overrides,
+)
 
 PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
 VARIANT_KEYS = {"stages", "set"}
@@ -69,20 +77,25 @@ def parse_variants(path: Path, data: dict) -> dict[str, dict]:
     for label, source in data["table"].items():
         variant, _, system = str(source).partition("/")
         if variant not in out or not system or "eval" not in out[variant]["stages"]:
-            raise UserError(f"{path}: table.{label}: {source!r} is not <variant>/<system> of a variant "
-                            f"that runs eval (variants: {', '.join(out)})")
+            raise UserError(
+                f"{path}: table.{label}: {source!r} is not <variant>/<system> of a variant "
+                f"that runs eval (variants: {', '.join(out)})"
+            )
     return out
 
 
 def fill(item: str, built: dict[str, dict[str, ArtifactRef]] | None, where: str) -> str:
     """${variant.stage} -> that artifact's path (built=None: a dry run, a readable stand-in)."""
+
     def one(m: re.Match) -> str:
         variant, _, stage = m.group(1).partition(".")
         if built is None:
             return f"<{variant}.{stage}>"
         if variant not in built or stage not in built[variant]:
-            raise UserError(f"{where}: ${{{m.group(1)}}} is not an artifact of an earlier variant "
-                            f"(earlier: {', '.join(f'{v}.{s}' for v in built for s in built[v]) or 'none'})")
+            raise UserError(
+                f"{where}: ${{{m.group(1)}}} is not an artifact of an earlier variant "
+                f"(earlier: {', '.join(f'{v}.{s}' for v in built for s in built[v]) or 'none'})"
+            )
         return str(built[variant][stage].path)
 
     return PLACEHOLDER.sub(one, item)
@@ -142,8 +155,12 @@ def write_table(path: Path, data: dict, built: dict, wall: float, runs_dir, cons
         print((writer.existing.path / "table.md").read_text())
         return writer.existing
     artifacts = {str(r.path): r.manifest.get("seconds", 0.0) for refs in built.values() for r in refs.values()}
-    about = {"date": time.strftime("%Y-%m-%d"), "machine": machine(),
-             "wall_seconds": round(wall, 1), "compute_seconds": round(sum(artifacts.values()), 1)}
+    about = {
+        "date": time.strftime("%Y-%m-%d"),
+        "machine": machine(),
+        "wall_seconds": round(wall, 1),
+        "compute_seconds": round(sum(artifacts.values()), 1),
+    }
     text = markdown(rows, about)
     with writer:
         (writer.dir / "table.md").write_text(text)

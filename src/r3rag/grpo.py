@@ -67,8 +67,13 @@ class Timed:
         return self._time(self.inner.search, queries, k)
 
 
-def rollout_batch(trajs: list[Trajectory], eos_id: int, max_completion_tokens: int,
-                  mask_retrieved: bool = True, steps: list[list] | None = None) -> dict:
+def rollout_batch(
+    trajs: list[Trajectory],
+    eos_id: int,
+    max_completion_tokens: int,
+    mask_retrieved: bool = True,
+    steps: list[list] | None = None,
+) -> dict:
     """TRL's rollout dict: ids and env_mask from the one span rule shared with SFT, except the
     final EOS: learned only where the model sampled it (`eos_rule="sampled"`), never the one
     appended after a turn the env stopped at `</answer>`.
@@ -81,9 +86,13 @@ def rollout_batch(trajs: list[Trajectory], eos_id: int, max_completion_tokens: i
     if not mask_retrieved:
         pairs = [(ids, [1] * (len(mask) - 1) + mask[-1:]) for ids, mask in pairs]
     out = {
-        "prompt_ids": [t.prompt_ids for t in trajs], "completion_ids": [p[0] for p in pairs], "logprobs": logprobs,
-        "env_mask": [p[1] for p in pairs], "pred_answer": [t.answer for t in trajs],
-        "finish_reason": [t.finish_reason for t in trajs], "num_searches": [len(t.retrieved) for t in trajs],
+        "prompt_ids": [t.prompt_ids for t in trajs],
+        "completion_ids": [p[0] for p in pairs],
+        "logprobs": logprobs,
+        "env_mask": [p[1] for p in pairs],
+        "pred_answer": [t.answer for t in trajs],
+        "finish_reason": [t.finish_reason for t in trajs],
+        "num_searches": [len(t.retrieved) for t in trajs],
     }
     if steps is not None:
         out["step_credit"] = [step_spans(t, s, len(ids)) for t, s, (ids, _) in zip(trajs, steps, pairs)]
@@ -119,7 +128,7 @@ def dynamic_sample(examples: list[dict], group: int, roll, draw, has_signal, max
     while True:
         cols = roll([e for e in batch for _ in range(group)])
         for g in range(0, len(cols[0]), group):
-            part = tuple(c[g: g + group] for c in cols)
+            part = tuple(c[g : g + group] for c in cols)
             (kept if has_signal(part) else flat).append(part)
         if len(kept) >= need or rounds == max_rounds:
             break
@@ -148,8 +157,12 @@ def fresh_questions(questions: list[dict], used: list[dict], seed: int, step: in
 
 
 def env_config(cfg) -> EnvConfig:
-    return EnvConfig(top_k=cfg.top_k, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens,
-                     max_completion_tokens=cfg.max_completion_tokens)
+    return EnvConfig(
+        top_k=cfg.top_k,
+        max_turns=cfg.max_turns,
+        max_new_tokens=cfg.max_new_tokens,
+        max_completion_tokens=cfg.max_completion_tokens,
+    )
 
 
 def completion_logprobs(traj: Trajectory, eos_id: int, n: int) -> list[float | None]:
@@ -188,19 +201,34 @@ def make_rollout_func(questions: list[dict], retriever, protocol: Protocol, toke
                 _check_whole_groups(prompts, cfg.num_generations)
                 from r3rag.rewards import group_has_signal
 
-                draw = fresh_questions(questions, examples, cfg.seed, trainer.state.global_step,
-                                       trainer.accelerator.process_index)
+                draw = fresh_questions(
+                    questions, examples, cfg.seed, trainer.state.global_step, trainer.accelerator.process_index
+                )
                 (examples, trajs, scores, steps), sampling = dynamic_sample(
-                    examples, cfg.num_generations, roll, draw,
-                    lambda part: group_has_signal(scorer, part[2], part[3]), cfg.dynamic_sampling_rounds)
+                    examples,
+                    cfg.num_generations,
+                    roll,
+                    draw,
+                    lambda part: group_has_signal(scorer, part[2], part[3]),
+                    cfg.dynamic_sampling_rounds,
+                )
             else:
                 (_, trajs, scores, steps), sampling = roll(examples), {}
-        timing = {"generation": gen.seconds, "retrieval": ret.seconds,
-                  "rollout": time.perf_counter() - t0 - scoring.seconds, "reward": scoring.seconds}
+        timing = {
+            "generation": gen.seconds,
+            "retrieval": ret.seconds,
+            "rollout": time.perf_counter() - t0 - scoring.seconds,
+            "reward": scoring.seconds,
+        }
         if sampler is not None:
             sampler.add(trainer.state.global_step + 1, trajs, examples, scores)
-        batch = rollout_batch(trajs, tokenizer.eos_token_id, cfg.max_completion_tokens, cfg.mask_retrieved,
-                              steps if scorer.step_credit else None)
+        batch = rollout_batch(
+            trajs,
+            tokenizer.eos_token_id,
+            cfg.max_completion_tokens,
+            cfg.mask_retrieved,
+            steps if scorer.step_credit else None,
+        )
         # The refilled groups' prompt_ids are what TRL trains on; its own `prompts` list only feeds its logs.
         return {**batch, "scores": scores, "timing": timing, "sampling": sampling}
 
@@ -209,8 +237,10 @@ def make_rollout_func(questions: list[dict], retriever, protocol: Protocol, toke
 
 def _check_whole_groups(prompts: list[str], group: int) -> None:
     if len(prompts) % group or any(p != prompts[i - i % group] for i, p in enumerate(prompts)):
-        raise RuntimeError(f"dynamic sampling: this process got {len(prompts)} prompts that are not whole groups "
-                           f"of {group} (prompts_per_step x steps_per_generation must divide over the processes)")
+        raise RuntimeError(
+            f"dynamic sampling: this process got {len(prompts)} prompts that are not whole groups "
+            f"of {group} (prompts_per_step x steps_per_generation must divide over the processes)"
+        )
 
 
 class generator:
@@ -237,9 +267,15 @@ class generator:
         self._was_training = model.training
         model.eval()
         self._model = model
-        return HFGenerator(model, self.tokenizer, batch_size=self.cfg.gen_batch_size,
-                           temperature=self.cfg.temperature, top_p=self.cfg.top_p,
-                           static_cache=self.cfg.static_cache, logprobs=True)
+        return HFGenerator(
+            model,
+            self.tokenizer,
+            batch_size=self.cfg.gen_batch_size,
+            temperature=self.cfg.temperature,
+            top_p=self.cfg.top_p,
+            static_cache=self.cfg.static_cache,
+            logprobs=True,
+        )
 
     def __exit__(self, *exc):
         if self._ctx is None:
@@ -262,8 +298,10 @@ def resolve_vllm(mode: str) -> str:
     if mode == "auto":
         return "colocate" if installed and torch.cuda.is_available() else ""
     if mode and not installed:
-        raise UserError(f"rl.vllm={mode}: vLLM is not installed (pip install 'trl[vllm]'); "
-                        "set rl.vllm='' to generate with transformers")
+        raise UserError(
+            f"rl.vllm={mode}: vLLM is not installed (pip install 'trl[vllm]'); "
+            "set rl.vllm='' to generate with transformers"
+        )
     return mode
 
 
@@ -275,8 +313,10 @@ def per_device_batch(cfg) -> int:
     """Completions per device per optimizer micro-step, from the global prompts per step."""
     total, parts = cfg.prompts_per_step * cfg.num_generations, world_size() * cfg.grad_accum
     if total % parts:
-        raise UserError(f"rl: prompts_per_step x num_generations = {total} must divide evenly over "
-                        f"{world_size()} process(es) x grad_accum {cfg.grad_accum}")
+        raise UserError(
+            f"rl: prompts_per_step x num_generations = {total} must divide evenly over "
+            f"{world_size()} process(es) x grad_accum {cfg.grad_accum}"
+        )
     return total // parts
 
 
@@ -291,15 +331,30 @@ def check_settings(cfg) -> None:
         if getattr(cfg, name) < 0:
             raise UserError(f"rl.{name}: expected 0 or more, got {getattr(cfg, name)}")
     if cfg.epsilon_high is not None and cfg.epsilon_high < cfg.epsilon:
-        raise UserError(f"rl.epsilon_high: expected at least rl.epsilon ({cfg.epsilon}) (clip-higher widens the "
-                        f"upper bound; DAPO uses 0.28), got {cfg.epsilon_high}")
+        raise UserError(
+            f"rl.epsilon_high: expected at least rl.epsilon ({cfg.epsilon}) (clip-higher widens the "
+            f"upper bound; DAPO uses 0.28), got {cfg.epsilon_high}"
+        )
     if cfg.process_credit == "step" and cfg.loss_type not in TOKEN_LEVEL_LOSSES:
-        raise UserError(f"rl.process_credit=step: loss_type {cfg.loss_type} weighs whole sequences; use one of "
-                        f"{', '.join(TOKEN_LEVEL_LOSSES)}")
+        raise UserError(
+            f"rl.process_credit=step: loss_type {cfg.loss_type} weighs whole sequences; use one of "
+            f"{', '.join(TOKEN_LEVEL_LOSSES)}"
+        )
 
 
-def build_trainer(model, tokenizer, questions, retriever, protocol: Protocol, scorer, cfg, work_dir, callbacks=(),
-                  sampler=None, dev_questions: list[dict] | None = None):
+def build_trainer(
+    model,
+    tokenizer,
+    questions,
+    retriever,
+    protocol: Protocol,
+    scorer,
+    cfg,
+    work_dir,
+    callbacks=(),
+    sampler=None,
+    dev_questions: list[dict] | None = None,
+):
     from datasets import Dataset
     from trl import GRPOConfig
 
@@ -309,38 +364,76 @@ def build_trainer(model, tokenizer, questions, retriever, protocol: Protocol, sc
     check_settings(cfg)
     funcs, weights = trl_reward_funcs(scorer)
     cfg = replace(cfg, vllm=resolve_vllm(cfg.vllm))  # "auto" -> the backend this machine has
-    vllm = dict(use_vllm=True, vllm_mode=cfg.vllm, vllm_server_base_url=cfg.vllm_server_url or None,
-                vllm_gpu_memory_utilization=cfg.vllm_gpu_memory) if cfg.vllm else {}
+    vllm = (
+        dict(
+            use_vllm=True,
+            vllm_mode=cfg.vllm,
+            vllm_server_base_url=cfg.vllm_server_url or None,
+            vllm_gpu_memory_utilization=cfg.vllm_gpu_memory,
+        )
+        if cfg.vllm
+        else {}
+    )
     per_device = per_device_batch(cfg)
     if cfg.dynamic_sampling and per_device * cfg.steps_per_generation * cfg.grad_accum % cfg.num_generations:
-        raise UserError("rl.dynamic_sampling: each process must roll out whole groups (prompts_per_step x "
-                        f"steps_per_generation must divide over the {world_size()} process(es))")
+        raise UserError(
+            "rl.dynamic_sampling: each process must roll out whole groups (prompts_per_step x "
+            f"steps_per_generation must divide over the {world_size()} process(es))"
+        )
     args = GRPOConfig(
-        output_dir=str(work_dir / "checkpoints"), max_steps=cfg.steps, per_device_train_batch_size=per_device,
-        gradient_accumulation_steps=cfg.grad_accum, steps_per_generation=cfg.steps_per_generation * cfg.grad_accum,
-        num_generations=cfg.num_generations, num_iterations=cfg.num_iterations, learning_rate=cfg.lr,
-        lr_scheduler_type=cfg.lr_scheduler, warmup_steps=cfg.warmup_ratio, weight_decay=cfg.weight_decay,
-        max_grad_norm=cfg.max_grad_norm, beta=cfg.beta, loss_type=cfg.loss_type, scale_rewards=cfg.scale_rewards,
-        epsilon=cfg.epsilon, epsilon_high=cfg.epsilon_high, temperature=cfg.temperature, top_p=cfg.top_p,
-        max_completion_length=cfg.max_completion_tokens, reward_weights=weights,
-        logging_steps=1, save_strategy="steps" if cfg.save_steps else "no", save_steps=cfg.save_steps or 500,
-        save_total_limit=cfg.keep_checkpoints, report_to=list(cfg.report_to) or "none",
-        seed=cfg.seed, **checkpointing_flag(cfg.gradient_checkpointing),
-        disable_tqdm=False, ddp_find_unused_parameters=False, **vllm, **device_flags(cfg.bf16),
+        output_dir=str(work_dir / "checkpoints"),
+        max_steps=cfg.steps,
+        per_device_train_batch_size=per_device,
+        gradient_accumulation_steps=cfg.grad_accum,
+        steps_per_generation=cfg.steps_per_generation * cfg.grad_accum,
+        num_generations=cfg.num_generations,
+        num_iterations=cfg.num_iterations,
+        learning_rate=cfg.lr,
+        lr_scheduler_type=cfg.lr_scheduler,
+        warmup_steps=cfg.warmup_ratio,
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm,
+        beta=cfg.beta,
+        loss_type=cfg.loss_type,
+        scale_rewards=cfg.scale_rewards,
+        epsilon=cfg.epsilon,
+        epsilon_high=cfg.epsilon_high,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        max_completion_length=cfg.max_completion_tokens,
+        reward_weights=weights,
+        logging_steps=1,
+        save_strategy="steps" if cfg.save_steps else "no",
+        save_steps=cfg.save_steps or 500,
+        save_total_limit=cfg.keep_checkpoints,
+        report_to=list(cfg.report_to) or "none",
+        seed=cfg.seed,
+        **checkpointing_flag(cfg.gradient_checkpointing),
+        disable_tqdm=False,
+        ddp_find_unused_parameters=False,
+        **vllm,
+        **device_flags(cfg.bf16),
     )
     ds = Dataset.from_dict({"prompt": [protocol.context_prompt(q["question"], tokenizer) for q in questions]})
     rollout = make_rollout_func(questions, retriever, protocol, tokenizer, scorer, cfg, sampler)
     dev = DevEval(dev_questions, retriever, protocol, tokenizer, cfg, Path(work_dir)) if dev_questions else None
-    trainer = R3ragGRPOTrainer(model=model, reward_funcs=funcs, args=args, train_dataset=ds,
-                               processing_class=tokenizer, rollout_func=rollout,
-                               callbacks=[*callbacks, *([dev] if dev else [])],
-                               step_credit_weight=scorer.process_weight() if scorer.step_credit else 0.0)
+    trainer = R3ragGRPOTrainer(
+        model=model,
+        reward_funcs=funcs,
+        args=args,
+        train_dataset=ds,
+        processing_class=tokenizer,
+        rollout_func=rollout,
+        callbacks=[*callbacks, *([dev] if dev else [])],
+        step_credit_weight=scorer.process_weight() if scorer.step_credit else 0.0,
+    )
     if dev:
         dev.trainer = trainer
     return trainer
 
 
 # ---- evaluation on dev during training --------------------------------------------------------
+
 
 def dev_scores(trainer, questions: list[dict], retriever, protocol: Protocol, tokenizer, cfg) -> dict[str, float]:
     """Greedy EM and F1 of the trainer's current policy on `questions`, through the rollouts' env
@@ -350,7 +443,7 @@ def dev_scores(trainer, questions: list[dict], retriever, protocol: Protocol, to
     from accelerate.utils import gather_object
 
     acc = trainer.accelerator
-    mine = questions[acc.process_index:: acc.num_processes]
+    mine = questions[acc.process_index :: acc.num_processes]
     with generator(trainer, tokenizer, replace(cfg, vllm="", temperature=0.0)) as gen:
         trajs = run_rollouts(mine, gen, retriever, protocol, env_config(cfg), tokenizer)
     em = sum(exact_match(t.answer, q["golden_answers"]) for t, q in zip(trajs, mine))
@@ -371,7 +464,12 @@ class DevEval(TrainerCallback):
 
     def __init__(self, questions, retriever, protocol, tokenizer, cfg, work: Path):
         self.questions, self.retriever, self.protocol, self.tokenizer, self.cfg = (
-            questions, retriever, protocol, tokenizer, cfg)
+            questions,
+            retriever,
+            protocol,
+            tokenizer,
+            cfg,
+        )
         self.work, self.trainer = work, None  # the trainer is set once built
         self.path = work / "dev.json"
         self.record = json.loads(self.path.read_text()) if self.path.is_file() else {}

@@ -31,14 +31,16 @@ class Journal:
         self.done: set[str] = set()
         self._f = None
 
-    def __enter__(self) -> "Journal":
+    def __enter__(self) -> Journal:
         self.path.parent.mkdir(parents=True, exist_ok=True)
         self._f = open(self.path, "a+b")
         try:
             fcntl.flock(self._f, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
             self._f.close()
-            raise UserError(f"{self.path}: another run is writing this journal (same stage, config and inputs)") from None
+            raise UserError(
+                f"{self.path}: another run is writing this journal (same stage, config and inputs)"
+            ) from None
         self._load()
         return self
 
@@ -70,8 +72,10 @@ class Journal:
             if row is None:
                 continue
             if str(row.get("id")) in self.done:
-                raise UserError(f"{self.path}:{lineno}: id {row.get('id')!r} appears twice (corrupt journal; "
-                                "delete it to start over)")
+                raise UserError(
+                    f"{self.path}:{lineno}: id {row.get('id')!r} appears twice (corrupt journal; "
+                    "delete it to start over)"
+                )
             self.rows.append(row)
             self.done.add(str(row["id"]))
         self._f.seek(0, os.SEEK_END)

@@ -8,8 +8,8 @@ Usage:
 from __future__ import annotations
 
 import json
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from r3rag.errors import UserError
 

@@ -55,7 +55,7 @@ class AnswerJudge:
         self.calls = 0
 
     @classmethod
-    def from_spec(cls, spec: JudgeSpec) -> "AnswerJudge":
+    def from_spec(cls, spec: JudgeSpec) -> AnswerJudge:
         from r3rag.llm.openai_client import ChatClient
 
         if not spec.model:
@@ -73,8 +73,16 @@ class AnswerJudge:
             else:
                 verdicts.append(None)
                 where.append(i)
-                asks.append([{"role": "user", "content": JUDGE_PROMPT.format(
-                    question=question, golds=" | ".join(golds), prediction=prediction)}])
+                asks.append(
+                    [
+                        {
+                            "role": "user",
+                            "content": JUDGE_PROMPT.format(
+                                question=question, golds=" | ".join(golds), prediction=prediction
+                            ),
+                        }
+                    ]
+                )
         results = self.client.chat_many(asks, temperature=0.0) if asks else []
         for i, r in zip(where, results):
             if not r.ok:

@@ -73,13 +73,19 @@ def _percentile_bootstrap(values, n_resamples: int, alpha: float, seed: int) -> 
     x = np.asarray(values, dtype=float)
     rng = np.random.default_rng(seed)
     chunk = max(1, 2_000_000 // len(x))
-    means = np.concatenate([x[rng.integers(0, len(x), size=(min(chunk, n_resamples - i), len(x)))].mean(axis=1)
-                            for i in range(0, n_resamples, chunk)])
+    means = np.concatenate(
+        [
+            x[rng.integers(0, len(x), size=(min(chunk, n_resamples - i), len(x)))].mean(axis=1)
+            for i in range(0, n_resamples, chunk)
+        ]
+    )
     lo, hi = np.quantile(means, [alpha / 2, 1 - alpha / 2])
     return float(lo), float(hi)
 
 
-def bootstrap_ci(values: list[float], n_resamples: int = 2000, alpha: float = 0.05, seed: int = 0) -> tuple[float, float]:
+def bootstrap_ci(
+    values: list[float], n_resamples: int = 2000, alpha: float = 0.05, seed: int = 0
+) -> tuple[float, float]:
     """Percentile bootstrap confidence interval of the mean (default 95%)."""
     if not len(values):
         return (0.0, 0.0)
@@ -108,8 +114,9 @@ def mean_ci(values: list[float], alpha: float = 0.05, seed: int = 0) -> tuple[fl
     return bootstrap_ci(values, alpha=alpha, seed=seed)
 
 
-def paired_bootstrap_diff(a: list[float], b: list[float], n_resamples: int = 2000, alpha: float = 0.05,
-                          seed: int = 0) -> tuple[float, tuple[float, float]]:
+def paired_bootstrap_diff(
+    a: list[float], b: list[float], n_resamples: int = 2000, alpha: float = 0.05, seed: int = 0
+) -> tuple[float, tuple[float, float]]:
     """Mean of a - b over the same questions, and its percentile bootstrap interval (default 95%):
     resampling the per-question differences resamples both arms with the same question indices,
     so per-question difficulty cancels."""
@@ -128,8 +135,10 @@ def _seed_average(runs: list[dict[str, float]]) -> dict[str, float]:
     ids = set(runs[0])
     for i, run in enumerate(runs[1:], 1):
         if set(run) != ids:
-            raise ValueError(f"over seeds: seed {i} scored {len(run)} questions, seed 0 {len(ids)} "
-                             f"({len(set(run) ^ ids)} differ; the seeds must share questions)")
+            raise ValueError(
+                f"over seeds: seed {i} scored {len(run)} questions, seed 0 {len(ids)} "
+                f"({len(set(run) ^ ids)} differ; the seeds must share questions)"
+            )
     return {q: sum(run[q] for run in runs) / len(runs) for q in sorted(ids)}
 
 
@@ -141,10 +150,14 @@ def over_seeds(runs: list[dict[str, float]], alpha: float = 0.05) -> dict:
 
     per_seed = np.array([sum(run.values()) / len(run) if run else 0.0 for run in runs])
     per_q = list(_seed_average(runs).values())
-    return {"mean": round(float(per_seed.mean()), 4),
-            "sd": round(float(per_seed.std(ddof=1)), 4) if len(runs) > 1 else None,
-            "n_seeds": len(runs), "n": len(per_q), "ci": mean_ci(per_q, alpha),
-            "per_seed": [round(float(m), 4) for m in per_seed]}
+    return {
+        "mean": round(float(per_seed.mean()), 4),
+        "sd": round(float(per_seed.std(ddof=1)), 4) if len(runs) > 1 else None,
+        "n_seeds": len(runs),
+        "n": len(per_q),
+        "ci": mean_ci(per_q, alpha),
+        "per_seed": [round(float(m), 4) for m in per_seed],
+    }
 
 
 def paired_over_seeds(a: list[dict[str, float]], b: list[dict[str, float]], alpha: float = 0.05) -> dict:

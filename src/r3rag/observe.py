@@ -46,7 +46,12 @@ class MetricsLog(TrainerCallback):
     def on_log(self, args, state, control, logs=None, **kw):
         if not state.is_world_process_zero or not logs or "reward" not in logs:
             return
-        row = {"step": state.global_step, **logs, "time/step": round(self._step, 4), "time/optimizer": round(self._opt, 4)}
+        row = {
+            "step": state.global_step,
+            **logs,
+            "time/step": round(self._step, 4),
+            "time/optimizer": round(self._opt, 4),
+        }
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
 
@@ -60,8 +65,13 @@ class RolloutSampler:
             return
         with self.path.open("a") as f:
             for t, ex, s in list(zip(trajs, examples, scores))[: self.per_step]:
-                row = {"step": step, "rank": self.rank, "golden_answers": ex["golden_answers"], "scores": s,
-                       **t.to_json()}
+                row = {
+                    "step": step,
+                    "rank": self.rank,
+                    "golden_answers": ex["golden_answers"],
+                    "scores": s,
+                    **t.to_json(),
+                }
                 f.write(json.dumps(row) + "\n")
 
 

@@ -38,8 +38,10 @@ def _load_pipeline(path: Path | None, _seen: tuple[Path, ...] = ()) -> dict:
     data = load_yaml(path) if path else {}
     unknown = sorted(set(data) - TOP_LEVEL, key=str)  # key=str: YAML keys may be numbers too
     if unknown:
-        raise UserError(f"{key_location(path, unknown[0])}: unknown top-level key {unknown[0]!r} "
-                        f"(known: {', '.join(sorted(TOP_LEVEL))})")
+        raise UserError(
+            f"{key_location(path, unknown[0])}: unknown top-level key {unknown[0]!r} "
+            f"(known: {', '.join(sorted(TOP_LEVEL))})"
+        )
     if "extends" in data:
         data = _extend(path, data, _seen)
     return data
@@ -73,8 +75,14 @@ def _section(data: dict, stage: str, path) -> dict:
     return section
 
 
-def run_stage(stage: str, config_path: Path | None, overrides: list[str], runs_dir: Path | None,
-              bound: dict[str, ArtifactRef] | None = None, data: dict | None = None) -> ArtifactRef:
+def run_stage(
+    stage: str,
+    config_path: Path | None,
+    overrides: list[str],
+    runs_dir: Path | None,
+    bound: dict[str, ArtifactRef] | None = None,
+    data: dict | None = None,
+) -> ArtifactRef:
     module = _stage_module(stage)
     data = data if data is not None else _load_pipeline(config_path)
     section = _section(data, stage, config_path)
@@ -128,8 +136,9 @@ def load_pipeline(path: Path) -> dict:
 def _plain(path: Path, data: dict | None) -> dict:
     data = _load_pipeline(path) if data is None else data
     if is_experiment(data):  # the experiment layer sits above this one and calls it, not the reverse
-        raise UserError(f"{path}: has variants and a table: an experiment (run it with `r3rag run`, "
-                        "or r3rag.experiment.run_file)")
+        raise UserError(
+            f"{path}: has variants and a table: an experiment (run it with `r3rag run`, or r3rag.experiment.run_file)"
+        )
     return data
 
 
@@ -141,8 +150,9 @@ def run_pipeline(path: Path, overrides: list[str], runs_dir: Path | None, data: 
     return run_stages(path, data, stages, split_overrides(overrides, stages), runs_dir)[stages[-1]]
 
 
-def run_stages(path: Path, data: dict, stages: list[str], per_stage: dict[str, list[str]],
-               runs_dir: Path | None) -> dict[str, ArtifactRef]:
+def run_stages(
+    path: Path, data: dict, stages: list[str], per_stage: dict[str, list[str]], runs_dir: Path | None
+) -> dict[str, ArtifactRef]:
     """Run `stages` in order; returns each stage's artifact (bound as the next ones' `:latest`)."""
     bound: dict[str, ArtifactRef] = {}
     for stage in stages:
@@ -159,8 +169,9 @@ def plan_pipeline(path: Path, overrides: list[str], runs_dir: Path | None, data:
     return plan_stages(path, data, stages, split_overrides(overrides, stages), runs_dir)
 
 
-def plan_stages(path: Path, data: dict, stages: list[str], per_stage: dict[str, list[str]],
-                runs_dir: Path | None) -> list[dict]:
+def plan_stages(
+    path: Path, data: dict, stages: list[str], per_stage: dict[str, list[str]], runs_dir: Path | None
+) -> list[dict]:
     import dataclasses
 
     runs_dir = Path(runs_dir) if runs_dir else default_runs_dir()
@@ -171,10 +182,12 @@ def plan_stages(path: Path, data: dict, stages: list[str], per_stage: dict[str, 
         if hasattr(module, "validate"):
             module.validate(cfg)
         defaults = dataclasses.asdict(module.Config())
-        settings = {k: v for k, v in dataclasses.asdict(cfg).items()
-                    if k not in module.INPUTS and v != defaults.get(k)}
-        inputs = {f: _plan_input(getattr(cfg, f), src, stages[:i], runs_dir)
-                  for f, src in module.INPUTS.items() if getattr(cfg, f)}
+        settings = {k: v for k, v in dataclasses.asdict(cfg).items() if k not in module.INPUTS and v != defaults.get(k)}
+        inputs = {
+            f: _plan_input(getattr(cfg, f), src, stages[:i], runs_dir)
+            for f, src in module.INPUTS.items()
+            if getattr(cfg, f)
+        }
         plan.append({"stage": stage, "settings": settings, "inputs": inputs})
     return plan
 
@@ -197,8 +210,11 @@ def print_plan(plan: list[dict], path: Path) -> None:
     for col in ("stage", "inputs", "settings (not default)"):
         table.add_column(col, overflow="fold")
     for row in plan:
-        table.add_row(row["stage"], "\n".join(f"{k}: {v}" for k, v in row["inputs"].items()) or "-",
-                      ", ".join(f"{k}={v}" for k, v in row["settings"].items()) or "-")
+        table.add_row(
+            row["stage"],
+            "\n".join(f"{k}: {v}" for k, v in row["inputs"].items()) or "-",
+            ", ".join(f"{k}={v}" for k, v in row["settings"].items()) or "-",
+        )
     _literal_console().print(table)
 
 

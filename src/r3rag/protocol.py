@@ -63,11 +63,14 @@ SEARCH_R1_INSTRUCTION = (
 MINIMAL_TEMPLATE = "Question : {question}\n"
 
 # Reader prompts for prompted baselines: closed-book, and single-shot RAG with the documents first.
-QA_SHORT = ("with a short phrase (a name, date, number or yes/no) inside <answer> and </answer>, without "
-            "explanation. For example, <answer> Beijing </answer>.")
+QA_SHORT = (
+    "with a short phrase (a name, date, number or yes/no) inside <answer> and </answer>, without "
+    "explanation. For example, <answer> Beijing </answer>."
+)
 QA_INSTRUCTION = "Answer the question " + QA_SHORT + "\nQuestion: {question}\n"
-QA_DOCS_INSTRUCTION = ("Answer the question using the documents below, " + QA_SHORT +
-                       "\nDocuments:\n{docs}\n\nQuestion: {question}\n")
+QA_DOCS_INSTRUCTION = (
+    "Answer the question using the documents below, " + QA_SHORT + "\nDocuments:\n{docs}\n\nQuestion: {question}\n"
+)
 
 # IRCoT: one reasoning sentence per turn; each sentence is the next retrieval query.
 IRCOT_ANSWER = "So the answer is:"
@@ -75,7 +78,7 @@ IRCOT_INSTRUCTION = (
     "Answer the question by reasoning step by step, one sentence at a time. Documents retrieved for the "
     "question and for each of your sentences appear between <information> and </information>. Write only the "
     "next sentence of your reasoning: one short factual sentence based on the documents. When you know the "
-    f"answer, write \"{IRCOT_ANSWER} <short answer>.\" where the short answer is a name, date, number or yes/no.\n"
+    f'answer, write "{IRCOT_ANSWER} <short answer>." where the short answer is a name, date, number or yes/no.\n'
     # IRCoT prompts with demonstrations: one shows the sentence-per-turn shape.
     "Example:\nQuestion: Where was the director of the film Titanic born?\nThe film Titanic was directed by "
     f"James Cameron.\nJames Cameron was born in Kapuskasing, Ontario.\n{IRCOT_ANSWER} Kapuskasing, Ontario.\n\n"
@@ -106,8 +109,10 @@ R3RAG_TEACHER_INSTRUCTION = (
 )
 
 
-_BLOCK = {kind: re.compile(re.escape(o) + r"(.*?)" + re.escape(c), re.S)
-          for kind, o, c in (("search", SEARCH_OPEN, SEARCH_CLOSE), ("answer", ANSWER_OPEN, ANSWER_CLOSE))}
+_BLOCK = {
+    kind: re.compile(re.escape(o) + r"(.*?)" + re.escape(c), re.S)
+    for kind, o, c in (("search", SEARCH_OPEN, SEARCH_CLOSE), ("answer", ANSWER_OPEN, ANSWER_CLOSE))
+}
 
 
 @dataclass
@@ -193,8 +198,9 @@ class Protocol:
         prompt = self.prompt(question, docs)
         if not (self.chat and tokenizer is not None and getattr(tokenizer, "chat_template", None)):
             return prompt
-        return tokenizer.apply_chat_template([{"role": "user", "content": prompt}], tokenize=False,
-                                             add_generation_prompt=True)
+        return tokenizer.apply_chat_template(
+            [{"role": "user", "content": prompt}], tokenize=False, add_generation_prompt=True
+        )
 
     def stop_strings(self) -> tuple[str, ...]:
         """Where the local loop stops a model turn. A `qa` reader (its turn starts inside the
@@ -249,7 +255,7 @@ class Protocol:
             answer = _open_answer(text, ended)
             if answer:
                 return Step("answer", text, answer=answer)
-        for tag, close in ((SEARCH_OPEN, SEARCH_CLOSE), (ANSWER_OPEN, ANSWER_CLOSE)):
+        for tag in (SEARCH_OPEN, ANSWER_OPEN):
             if tag in text:
                 return Step("invalid", text, reason=f"unclosed {tag}")
         return Step("invalid", text, reason="no <search> or <answer> in the turn")
@@ -304,8 +310,10 @@ class Protocol:
         """Every turn is one closed action with balanced <think> tags and no <information> of its
         own, and the last turn answers."""
         steps = [self.parse_step(t) for t in model_texts]
-        tags_ok = all(t.count(THINK_OPEN) == t.count(THINK_CLOSE) and INFO_OPEN not in t and INFO_CLOSE not in t
-                      for t in model_texts)
+        tags_ok = all(
+            t.count(THINK_OPEN) == t.count(THINK_CLOSE) and INFO_OPEN not in t and INFO_CLOSE not in t
+            for t in model_texts
+        )
         return bool(steps) and tags_ok and all(s.kind != "invalid" for s in steps) and steps[-1].kind == "answer"
 
     # ---------------------------------------------------------------- teachers behind a chat API
@@ -335,7 +343,7 @@ class Protocol:
                 return text.rstrip() + f"\n{R3_DOCS}"
             return text
         for open_, close in ((SEARCH_OPEN, SEARCH_CLOSE), (ANSWER_OPEN, ANSWER_CLOSE)):
-            if open_ in text and close not in text[text.rindex(open_):]:
+            if open_ in text and close not in text[text.rindex(open_) :]:
                 return text.rstrip() + f" {close}"
         return text
 
@@ -385,7 +393,7 @@ def _first_answer_line(prefill: str, text: str) -> str:
     content = full.index(ANSWER_OPEN) + len(ANSWER_OPEN)
     start = content + len(full[content:]) - len(full[content:].lstrip())
     end = full.find("\n", start)
-    return text if end < 0 else full[: end + 1][len(prefill):]
+    return text if end < 0 else full[: end + 1][len(prefill) :]
 
 
 def _open_answer(text: str, ended: bool) -> str | None:

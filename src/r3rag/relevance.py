@@ -62,15 +62,21 @@ class EmbeddingRelevance:
 
     def __call__(self, trajs: list[Trajectory], examples: list[dict]) -> list[list[float]]:
         # Every distinct text is embedded once per batch (a group shares its question and many documents).
-        texts = sorted({t.question for t in trajs} | {self._doc(d) for t in trajs for docs in t.documents for d in docs})
+        texts = sorted(
+            {t.question for t in trajs} | {self._doc(d) for t in trajs for docs in t.documents for d in docs}
+        )
         if not texts:
             return [[] for _ in trajs]
         emb = dict(zip(texts, self.encoder.encode(texts, self.batch_size, normalize=True)))
         out = []
         for t in trajs:
             q = emb[t.question]
-            out.append([max(0.0, max(float(np.dot(q, emb[self._doc(d)])) for d in docs)) if docs else 0.0
-                        for docs in t.documents])
+            out.append(
+                [
+                    max(0.0, max(float(np.dot(q, emb[self._doc(d)])) for d in docs)) if docs else 0.0
+                    for docs in t.documents
+                ]
+            )
         return out
 
     def _doc(self, d: dict) -> str:
@@ -98,14 +104,16 @@ class JudgeRelevance:
                 raise JudgeError(f"relevance judge endpoint {self.client.url}: {r.kind}: {r.error}")
             score = parse_relevance(r.text)
             if score is None:
-                raise JudgeError(f"relevance judge endpoint {self.client.url}: no 'Relevance: x.xx' in the reply "
-                                 f"{r.text[-200:]!r}")
+                raise JudgeError(
+                    f"relevance judge endpoint {self.client.url}: no 'Relevance: x.xx' in the reply {r.text[-200:]!r}"
+                )
             out[i].append(score)
         return out
 
     def prompt(self, question: str, step: str, docs: list[dict]) -> str:
-        text = "\n".join(f"Doc {j}(Title: {d['title']}) {d['text'][: self.doc_chars or None]}"
-                         for j, d in enumerate(docs, start=1))
+        text = "\n".join(
+            f"Doc {j}(Title: {d['title']}) {d['text'][: self.doc_chars or None]}" for j, d in enumerate(docs, start=1)
+        )
         return RELEVANCE_PROMPT.format(question=question, step=step.strip(), docs=text)
 
 
@@ -115,8 +123,10 @@ def gold_relevance(traj: Trajectory, example: dict) -> list[float]:
     ids = set(meta.get("supporting_docs") or [])
     titles = {normalize_answer(t) for t in meta.get("supporting_titles") or []}
     if not ids and not titles:
-        raise UserError(f"reward.relevance=gold: question {example.get('id')!r} has no metadata.supporting_docs "
-                        "or supporting_titles (use reward.relevance=embedding or judge)")
+        raise UserError(
+            f"reward.relevance=gold: question {example.get('id')!r} has no metadata.supporting_docs "
+            "or supporting_titles (use reward.relevance=embedding or judge)"
+        )
     seen: set[str] = set()
     out = []
     for docs in traj.documents:

@@ -42,12 +42,21 @@ def collect_rows(eval_dirs: list[Path]) -> list[dict]:
         if not isinstance(metrics, dict) or not isinstance(metrics.get("systems"), dict):
             raise UserError(f"{d / 'metrics.json'}: no 'systems' object (not written by `r3rag eval`?)")
         for system, m in metrics["systems"].items():
-            rows.append({
-                "dataset": metrics.get("dataset") or _dataset_name(manifest), "system": system, "em": m["em"], "f1": m["f1"],
-                "em_ci": m.get("em_ci"), "f1_ci": m.get("f1_ci"), "n": m["n"],
-                "searches": m.get("searches"), "gold_doc_recall": m.get("gold_doc_recall"),
-                "judge_acc": m.get("judge_acc"), "tokens": m.get("tokens"),
-            })
+            rows.append(
+                {
+                    "dataset": metrics.get("dataset") or _dataset_name(manifest),
+                    "system": system,
+                    "em": m["em"],
+                    "f1": m["f1"],
+                    "em_ci": m.get("em_ci"),
+                    "f1_ci": m.get("f1_ci"),
+                    "n": m["n"],
+                    "searches": m.get("searches"),
+                    "gold_doc_recall": m.get("gold_doc_recall"),
+                    "judge_acc": m.get("judge_acc"),
+                    "tokens": m.get("tokens"),
+                }
+            )
     return rows
 
 
@@ -101,8 +110,10 @@ def plot_bars(rows: list[dict], path: Path) -> None:
         xs = range(len(sub))
         for offset, key, color in ((-0.2, "em", "#3b6fb6"), (0.2, "f1", "#e08a2c")):
             vals = [r[key] for r in sub]
-            err = [[v - (r[f"{key}_ci"] or (v, v))[0] for v, r in zip(vals, sub)],
-                   [(r[f"{key}_ci"] or (v, v))[1] - v for v, r in zip(vals, sub)]]
+            err = [
+                [v - (r[f"{key}_ci"] or (v, v))[0] for v, r in zip(vals, sub)],
+                [(r[f"{key}_ci"] or (v, v))[1] - v for v, r in zip(vals, sub)],
+            ]
             ax.bar([x + offset for x in xs], vals, width=0.4, label=key.upper(), color=color, yerr=err, capsize=3)
         ax.set_xticks(list(xs), [r["system"] for r in sub])
         ax.set_ylim(0, 1.05)
@@ -122,8 +133,24 @@ def write_viewer(eval_dirs: list[Path], path: Path, max_per_system: int = 300) -
         for p in read_jsonl(d / "predictions.jsonl", allow_empty=True):
             counts[p["system"]] = counts.get(p["system"], 0) + 1
             if counts[p["system"]] <= max_per_system:
-                records.append({k: p.get(k) for k in ("system", "id", "question", "golden_answers", "answer", "em",
-                                                      "f1", "finish_reason", "turns", "retrieved_docs", "gold_docs")})
+                records.append(
+                    {
+                        k: p.get(k)
+                        for k in (
+                            "system",
+                            "id",
+                            "question",
+                            "golden_answers",
+                            "answer",
+                            "em",
+                            "f1",
+                            "finish_reason",
+                            "turns",
+                            "retrieved_docs",
+                            "gold_docs",
+                        )
+                    }
+                )
     data = json.dumps(records).replace("</", "<\\/")  # keep "</script>" out of the embedded JSON
     path.write_text(_VIEWER.replace("__DATA__", data).replace("__TITLE__", html.escape(path.stem)))
     return len(records)

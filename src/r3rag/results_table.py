@@ -47,8 +47,9 @@ def _lookup(label: str, source: str, built: dict[str, dict], cache: dict, path: 
         cache[variant] = json.loads((refs["eval"].path / "metrics.json").read_text())["systems"]
     systems = cache[variant]
     if system not in systems:
-        raise UserError(f"{path}: table.{label}: variant {variant!r} evaluated no system {system!r} "
-                        f"(it has: {', '.join(systems)})")
+        raise UserError(
+            f"{path}: table.{label}: variant {variant!r} evaluated no system {system!r} (it has: {', '.join(systems)})"
+        )
     return systems[system], refs, system, refs["eval"].path
 
 
@@ -60,13 +61,23 @@ def _seed_row(label: str, sources: list[str], found: list[tuple]) -> dict:
     ms = [m for m, *_ in found]
     mean = lambda xs: None if any(x is None for x in xs) else round(sum(xs) / len(xs), 4)  # noqa: E731
     hops = sorted({str(h) for m in ms for h in m.get("by_hops", {})})
-    return {"label": label, "source": sources, "em": em["mean"], "em_sd": em["sd"], "n_seeds": em["n_seeds"],
-            "em_per_seed": em["per_seed"], "em_ci": list(em["ci"]), "f1": mean([m["f1"] for m in ms]),
-            "n": em["n"], "searches": mean([m.get("searches") for m in ms]),
-            "by_hops": {h: v for h in hops
-                        if (v := mean([m.get("by_hops", {}).get(h, {}).get("em") for m in ms])) is not None},
-            "train_seconds": mean([_train_seconds(system, refs) for _, refs, system, _ in found]),
-            "eval_seconds": mean([m.get("seconds") for m in ms])}
+    return {
+        "label": label,
+        "source": sources,
+        "em": em["mean"],
+        "em_sd": em["sd"],
+        "n_seeds": em["n_seeds"],
+        "em_per_seed": em["per_seed"],
+        "em_ci": list(em["ci"]),
+        "f1": mean([m["f1"] for m in ms]),
+        "n": em["n"],
+        "searches": mean([m.get("searches") for m in ms]),
+        "by_hops": {
+            h: v for h in hops if (v := mean([m.get("by_hops", {}).get(h, {}).get("em") for m in ms])) is not None
+        },
+        "train_seconds": mean([_train_seconds(system, refs) for _, refs, system, _ in found]),
+        "eval_seconds": mean([m.get("seconds") for m in ms]),
+    }
 
 
 def _train_seconds(system: str, refs: dict) -> float:
@@ -93,10 +104,18 @@ def _model_artifact(manifest: dict) -> dict | None:
 
 
 def _row(label: str, source: str, m: dict, train_seconds: float) -> dict:
-    return {"label": label, "source": source, "em": m["em"], "em_ci": m.get("em_ci"), "f1": m["f1"],
-            "n": m["n"], "searches": m.get("searches"),
-            "by_hops": {str(h): v["em"] for h, v in sorted(m.get("by_hops", {}).items())},
-            "train_seconds": train_seconds, "eval_seconds": m.get("seconds")}
+    return {
+        "label": label,
+        "source": source,
+        "em": m["em"],
+        "em_ci": m.get("em_ci"),
+        "f1": m["f1"],
+        "n": m["n"],
+        "searches": m.get("searches"),
+        "by_hops": {str(h): v["em"] for h, v in sorted(m.get("by_hops", {}).items())},
+        "train_seconds": train_seconds,
+        "eval_seconds": m.get("seconds"),
+    }
 
 
 def _em_cell(r: dict) -> str:
@@ -111,19 +130,33 @@ def markdown(rows: list[dict], about: dict) -> str:
     head = ["", "EM [95% CI]", "F1", *(f"{h}-hop EM" for h in hops), "searches", "train min", *(["seeds"] * seeded)]
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
-        cells = [r["label"], _em_cell(r), f"{r['f1']:.3f}",
-                 *(f"{r['by_hops'][h]:.3f}" if h in r["by_hops"] else "-" for h in hops),
-                 "-" if r["searches"] is None else f"{r['searches']:.2f}", f"{r['train_seconds'] / 60:.1f}",
-                 *([str(r.get("n_seeds", 1))] * seeded)]
+        cells = [
+            r["label"],
+            _em_cell(r),
+            f"{r['f1']:.3f}",
+            *(f"{r['by_hops'][h]:.3f}" if h in r["by_hops"] else "-" for h in hops),
+            "-" if r["searches"] is None else f"{r['searches']:.2f}",
+            f"{r['train_seconds'] / 60:.1f}",
+            *([str(r.get("n_seeds", 1))] * seeded),
+        ]
         lines.append("| " + " | ".join(cells) + " |")
     n = sorted({r["n"] for r in rows})
-    seeds = (" A row with several seeds: EM is the mean ± sd over seeds (ddof=1), its interval is over "
-             "questions of the seed-averaged EM; the other columns are means over seeds.") if seeded else ""
-    lines += ["", f"{'/'.join(map(str, n))} held-out questions per row; 95% intervals over questions "
-              "(exact Clopper-Pearson where every question's EM is 0 or 1, else percentile bootstrap)."
-              f"{seeds} {about['date']}, {about['machine']}. Wall time {about['wall_seconds'] / 60:.1f} min "
-              f"(artifacts' build time {about['compute_seconds'] / 60:.1f} min; reused artifacts count "
-              "the time they took when first built)."]
+    seeds = (
+        (
+            " A row with several seeds: EM is the mean ± sd over seeds (ddof=1), its interval is over "
+            "questions of the seed-averaged EM; the other columns are means over seeds."
+        )
+        if seeded
+        else ""
+    )
+    lines += [
+        "",
+        f"{'/'.join(map(str, n))} held-out questions per row; 95% intervals over questions "
+        "(exact Clopper-Pearson where every question's EM is 0 or 1, else percentile bootstrap)."
+        f"{seeds} {about['date']}, {about['machine']}. Wall time {about['wall_seconds'] / 60:.1f} min "
+        f"(artifacts' build time {about['compute_seconds'] / 60:.1f} min; reused artifacts count "
+        "the time they took when first built).",
+    ]
     return "\n".join(lines) + "\n"
 
 

@@ -101,6 +101,7 @@ class RewardSettings:
 
 # ---- the components: plain functions ---------------------------------------------------------
 
+
 def exact_match_reward(traj: Trajectory, example: dict) -> float:
     return exact_match(traj.answer, example["golden_answers"])
 
@@ -161,12 +162,14 @@ def search_turns(traj: Trajectory) -> list[int]:
 
 # ---- scoring a batch -------------------------------------------------------------------------
 
+
 class RewardScorer:
     """Computes every component that is logged or weighted, for a batch of trajectories.
     `step_credit`: the process components go per step, not into the trajectory reward (module docstring)."""
 
-    def __init__(self, weights: dict[str, float], settings: RewardSettings, protocol: Protocol,
-                 step_credit: bool = False):
+    def __init__(
+        self, weights: dict[str, float], settings: RewardSettings, protocol: Protocol, step_credit: bool = False
+    ):
         check_settings(weights, settings)
         self.weights = {k: float(v) for k, v in weights.items()}
         self.step_credit = step_credit
@@ -207,14 +210,19 @@ class RewardScorer:
         verdicts = self._verdicts(trajs, examples)
         rows, steps = [], []
         for t, ex, rel, verdict in zip(trajs, examples, rels, verdicts):
-            row = {"em": exact_match_reward(t, ex), "f1": f1_reward(t, ex), "cover": cover_reward(t, ex),
-                   "format": format_reward(t, self.protocol)}
+            row = {
+                "em": exact_match_reward(t, ex),
+                "f1": f1_reward(t, ex),
+                "cover": cover_reward(t, ex),
+                "format": format_reward(t, self.protocol),
+            }
             right = {"em": row["em"], "cover": row["cover"], "judge": verdict}[self.settings.r3rag.correct]
             if "judge" in self.names:
                 row["judge"] = float(verdict)
             if "search_r1_format" in self.names:
-                row["search_r1_format"] = search_r1_format_reward(t, ex, bool(row["format"]),
-                                                                  self.settings.search_r1_format)
+                row["search_r1_format"] = search_r1_format_reward(
+                    t, ex, bool(row["format"]), self.settings.search_r1_format
+                )
             if "relevance" in self.names:
                 row["relevance"] = sum(rel) / len(rel) if rel else 0.0
             if "r3rag" in self.names:
@@ -229,8 +237,10 @@ class RewardScorer:
         """[turn index, x_k] for each model turn that earns a process reward."""
         turns = search_turns(t)
         if len(rel) > len(turns):  # e.g. IRCoT: the env searched the question before any model turn
-            raise UserError(f"rl.process_credit=step: trajectory {t.id!r} has {len(rel)} retrievals but "
-                            f"{len(turns)} search turns (this protocol retrieves without a model turn)")
+            raise UserError(
+                f"rl.process_credit=step: trajectory {t.id!r} has {len(rel)} retrievals but "
+                f"{len(turns)} search turns (this protocol retrieves without a model turn)"
+            )
         x: dict[int, float] = {}
         w_rel, w_r3 = self.weights.get("relevance", 0.0), self.weights.get("r3rag", 0.0)
         if w_rel:
@@ -258,10 +268,13 @@ class RewardScorer:
 
             spec = self.settings.judge
             if not spec.endpoint or not spec.model:
-                raise UserError("rl.reward.judge: set endpoint and model (an OpenAI-compatible server) "
-                                "for the judge reward or relevance=judge")
-            self._client = ChatClient(spec.endpoint, spec.model, api_key_env=spec.api_key_env,
-                                      concurrency=spec.concurrency)
+                raise UserError(
+                    "rl.reward.judge: set endpoint and model (an OpenAI-compatible server) "
+                    "for the judge reward or relevance=judge"
+                )
+            self._client = ChatClient(
+                spec.endpoint, spec.model, api_key_env=spec.api_key_env, concurrency=spec.concurrency
+            )
         return self._client
 
     def _verdicts(self, trajs: list[Trajectory], examples: list[dict]) -> list[float]:
@@ -273,7 +286,8 @@ class RewardScorer:
         from r3rag.judge import AnswerJudge
 
         verdicts = AnswerJudge(self.client()).judge_many(  # string match first, then the LLM
-            [(t.question, ex["golden_answers"], t.answer) for t, ex in zip(trajs, examples)])
+            [(t.question, ex["golden_answers"], t.answer) for t, ex in zip(trajs, examples)]
+        )
         return [float(v) for v in verdicts]
 
 
@@ -291,8 +305,10 @@ def check_settings(weights: dict, settings: RewardSettings) -> None:
 
 def check_step_credit(weights: dict[str, float]) -> None:
     if any(weights.get(n, 0.0) < 0 for n in PROCESS) or not sum(weights.get(n, 0.0) for n in PROCESS) > 0:
-        raise UserError("rl.process_credit=step: give relevance or r3rag a positive weight in rl.rewards "
-                        "(their per-step rewards are what is credited per step)")
+        raise UserError(
+            "rl.process_credit=step: give relevance or r3rag a positive weight in rl.rewards "
+            "(their per-step rewards are what is credited per step)"
+        )
 
 
 def group_has_signal(scorer: RewardScorer, rows: list[dict], steps: list[list]) -> bool:
@@ -313,6 +329,7 @@ def trl_reward_funcs(scorer: RewardScorer):
     statistics through TRL's `log_metric` hook."""
     funcs = []
     for i, name in enumerate(scorer.names):
+
         def reward(prompts, completions, scores, log_metric=None, _name=name, _first=i == 0, **kw):
             if _first and log_metric is not None:
                 for key, value in rollout_stats(kw).items():

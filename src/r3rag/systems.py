@@ -80,7 +80,9 @@ def check_spec(label: str, spec: SystemSpec) -> None:
     if len(kinds) > 1:
         raise UserError(f"eval.models.{label}: set one of endpoint or scripted, not both")
     if spec.scripted and spec.scripted not in SCRIPTS:
-        raise UserError(f"eval.models.{label}.scripted: unknown script {spec.scripted!r} (available: {', '.join(SCRIPTS)})")
+        raise UserError(
+            f"eval.models.{label}.scripted: unknown script {spec.scripted!r} (available: {', '.join(SCRIPTS)})"
+        )
     if not spec.scripted and not spec.model:
         raise UserError(f"eval.models.{label}: set model (a policy artifact, a transformers path or hub id)")
     if spec.scripted and spec.mode != "iterative":
@@ -105,8 +107,15 @@ def _check_choices(label: str, spec: SystemSpec) -> None:
             raise UserError(f"eval.models.{label}.{key}: unknown {key} {value!r} (allowed: {', '.join(allowed)})")
 
 
-def load_system(label: str, spec: SystemSpec, policy_path: Path | None, batch_size: int,
-                static_cache: bool = False, backend: str = "transformers", engines: dict | None = None) -> System:
+def load_system(
+    label: str,
+    spec: SystemSpec,
+    policy_path: Path | None,
+    batch_size: int,
+    static_cache: bool = False,
+    backend: str = "transformers",
+    engines: dict | None = None,
+) -> System:
     """`policy_path`: the resolved artifact when `spec.model` is a policy artifact. `backend`:
     transformers, or vllm (a vLLM engine loads the same weights; `engines` caches them by weights)."""
     check_spec(label, spec)
@@ -115,8 +124,15 @@ def load_system(label: str, spec: SystemSpec, policy_path: Path | None, batch_si
     return system
 
 
-def _build_system(label: str, spec: SystemSpec, policy_path: Path | None, batch_size: int, static_cache: bool,
-                  backend: str, engines: dict | None) -> System:
+def _build_system(
+    label: str,
+    spec: SystemSpec,
+    policy_path: Path | None,
+    batch_size: int,
+    static_cache: bool,
+    backend: str,
+    engines: dict | None,
+) -> System:
     if spec.scripted:
         protocol = Protocol(name=spec.protocol, template=spec.template, doc_style=spec.doc_style)
         return System(label, spec.mode, protocol, lambda temperature, seed: top_title_generator(protocol))
@@ -150,8 +166,13 @@ def _protocol(spec: SystemSpec, policy_path: Path | None) -> Protocol:
 
     if policy_path is not None:
         return Protocol(**load_protocol_dict(policy_path))
-    return Protocol(name=spec.protocol, template=spec.template, doc_style=spec.doc_style, chat=spec.chat,
-                    max_doc_chars=spec.max_doc_chars)
+    return Protocol(
+        name=spec.protocol,
+        template=spec.template,
+        doc_style=spec.doc_style,
+        chat=spec.chat,
+        max_doc_chars=spec.max_doc_chars,
+    )
 
 
 def weights_source(spec: SystemSpec, policy_path: Path | None) -> str:
@@ -169,8 +190,13 @@ def _vllm_system(label: str, spec: SystemSpec, policy_path: Path | None, engines
     if source not in engines:
         engines[source] = load_llm(source, dtype=spec.dtype)
     llm = engines[source]
-    return System(label, spec.mode, _protocol(spec, policy_path),
-                  lambda temperature, seed: LLMGenerator(llm, tokenizer, temperature, seed=seed), tokenizer)
+    return System(
+        label,
+        spec.mode,
+        _protocol(spec, policy_path),
+        lambda temperature, seed: LLMGenerator(llm, tokenizer, temperature, seed=seed),
+        tokenizer,
+    )
 
 
 def _endpoint_system(label: str, spec: SystemSpec) -> System:

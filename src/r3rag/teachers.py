@@ -30,9 +30,9 @@ Usage:
 from __future__ import annotations
 
 import re
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
 
 from r3rag.env import Trajectory
 from r3rag.errors import UserError
@@ -56,9 +56,11 @@ def gold_kind(question: dict) -> str | None:
 def chain_kind(question: dict) -> str:
     kind = gold_kind(question)
     if kind is None:
-        raise UserError(f"question {question.get('id')!r}: the oracle teacher needs gold hops in metadata (chain, "
-                        "question_decomposition with paragraphs, or supporting_titles); import real data with "
-                        "`r3rag import`")
+        raise UserError(
+            f"question {question.get('id')!r}: the oracle teacher needs gold hops in metadata (chain, "
+            "question_decomposition with paragraphs, or supporting_titles); import real data with "
+            "`r3rag import`"
+        )
     return kind
 
 
@@ -69,8 +71,16 @@ def oracle_hops(question: dict) -> list[dict]:
         # A named question states its first `stated` hops (it names their entities): one search
         # for the rest is the short path, and its query's entity is grounded by the question.
         chain, skip = meta["chain"], int(meta.get("stated", 0))
-        return [{"query": h["query"], "fact": h["fact"], "doc_id": h["doc_id"],
-                 "uses": [chain[i - 1]["value"]] if i else []} for i, h in enumerate(chain) if i >= skip]
+        return [
+            {
+                "query": h["query"],
+                "fact": h["fact"],
+                "doc_id": h["doc_id"],
+                "uses": [chain[i - 1]["value"]] if i else [],
+            }
+            for i, h in enumerate(chain)
+            if i >= skip
+        ]
     paras = {p["idx"]: p for p in meta["paragraphs"]}
     hops, answers = [], []
     for i, sub in enumerate(meta["question_decomposition"]):
@@ -79,10 +89,18 @@ def oracle_hops(question: dict) -> list[dict]:
         query = " ".join(query.replace(">>", " ").split())  # "X >> country" is a relation, not prose
         para = paras.get(sub["paragraph_support_idx"])
         if para is None:
-            raise UserError(f"question {question['id']!r}: hop {i + 1} names paragraph "
-                            f"{sub['paragraph_support_idx']} which is not in metadata.paragraphs")
-        hops.append({"query": query, "fact": f"The answer to \"{query}\" is {sub['answer']}.",
-                     "gold": (para["title"], _norm(para["text"])), "uses": [answers[k - 1] for k in refs]})
+            raise UserError(
+                f"question {question['id']!r}: hop {i + 1} names paragraph "
+                f"{sub['paragraph_support_idx']} which is not in metadata.paragraphs"
+            )
+        hops.append(
+            {
+                "query": query,
+                "fact": f'The answer to "{query}" is {sub["answer"]}.',
+                "gold": (para["title"], _norm(para["text"])),
+                "uses": [answers[k - 1] for k in refs],
+            }
+        )
         answers.append(sub["answer"])
     return hops
 
@@ -114,8 +132,9 @@ def _title_step(traj: Trajectory, q: dict, protocol: Protocol, step: int) -> str
     found = {d["title"] for docs in traj.documents for d in docs}
     missing = [t for t in titles if t not in found]
     if not missing or step > len(titles) + 1:
-        return protocol.answer_turn(q["golden_answers"][0], f"The documents about {' and '.join(titles)} "
-                                    "give the answer.", step)
+        return protocol.answer_turn(
+            q["golden_answers"][0], f"The documents about {' and '.join(titles)} give the answer.", step
+        )
     seen = _words(q["question"] + " " + _seen_text(traj))
     title = next((t for t in missing if _grounded(t, seen)), missing[0])
     return protocol.search_turn(title, f"I still need the document about {title}.", step)
@@ -162,8 +181,11 @@ def verify_evidence(traj: Trajectory, question: dict) -> tuple[bool, str]:
         if not all(_grounded(v, seen) for v in hop["uses"]):
             return False, f"ungrounded:hop{i + 1}"
         docs = traj.documents[i]
-        hit = (hop["doc_id"] in [d["id"] for d in docs] if kind == "chain"
-               else hop["gold"] in {(d["title"], _norm(d["text"])) for d in docs})
+        hit = (
+            hop["doc_id"] in [d["id"] for d in docs]
+            if kind == "chain"
+            else hop["gold"] in {(d["title"], _norm(d["text"])) for d in docs}
+        )
         if not hit:
             return False, f"retrieval_miss:hop{i + 1}"
     return True, "ok"
@@ -203,6 +225,7 @@ def _grounded(phrase: str, seen: set[str]) -> bool:
 
 
 # ---------------------------------------------------------------- teachers behind one interface
+
 
 @dataclass
 class Teacher:
@@ -260,8 +283,13 @@ def endpoint_teacher(client, protocol: Protocol, on_result=None) -> Teacher:
     """An OpenAI-compatible endpoint; a request that fails for good fails that attempt only."""
     from r3rag.generation.openai_chat import ChatGenerator
 
-    return Teacher("openai", lambda qs, temperature: ChatGenerator(
-        client, protocol, temperature, teacher=True, on_failure="record", on_result=on_result), client=client)
+    return Teacher(
+        "openai",
+        lambda qs, temperature: ChatGenerator(
+            client, protocol, temperature, teacher=True, on_failure="record", on_result=on_result
+        ),
+        client=client,
+    )
 
 
 def hf_teacher(model_path: str, batch_size: int) -> Teacher:
@@ -276,5 +304,6 @@ def hf_teacher(model_path: str, batch_size: int) -> Teacher:
     else:
         model, tokenizer = load_model(model_path), load_tokenizer(model_path)
     model.to("cuda" if torch.cuda.is_available() else "cpu").eval()
-    return Teacher("hf", lambda qs, temperature: HFGenerator(model, tokenizer, batch_size, temperature),
-                   tokenizer=tokenizer)
+    return Teacher(
+        "hf", lambda qs, temperature: HFGenerator(model, tokenizer, batch_size, temperature), tokenizer=tokenizer
+    )

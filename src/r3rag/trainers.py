@@ -52,7 +52,8 @@ class FastSFTTrainer(SFTTrainer):
         with torch.no_grad():
             correct = ((logits.argmax(-1) == labels) & valid).sum()
             self._metrics["train" if model.training else "eval"]["mean_token_accuracy"].append(
-                (correct / valid.sum().clamp(min=1)).item())
+                (correct / valid.sum().clamp(min=1)).item()
+            )
         return (loss, outputs) if return_outputs else loss
 
 
@@ -112,10 +113,11 @@ class R3ragGRPOTrainer(ResumableGRPOTrainer):
         from accelerate.utils import gather_object
 
         spans = gather_object(self._spans)  # groups may span processes: normalise over the whole batch
-        adv = step_advantages(spans, out["completion_ids"].shape[1], self.num_generations, self.step_credit_weight,
-                              self.scale_rewards)
+        adv = step_advantages(
+            spans, out["completion_ids"].shape[1], self.num_generations, self.step_credit_weight, self.scale_rewards
+        )
         rank = self.accelerator.process_index
-        local = adv[rank * len(inputs): (rank + 1) * len(inputs)].to(out["advantages"])
+        local = adv[rank * len(inputs) : (rank + 1) * len(inputs)].to(out["advantages"])
         out["advantages"] = out["advantages"].unsqueeze(1) + local
         return out
 
@@ -134,7 +136,7 @@ def step_advantages(spans: list[list], width: int, group: int, weight: float, sc
     ys = [[x / weight for *_, x in s] for s in spans]
     batch_std = _std([y for row in ys for y in row])
     for g in range(0, len(spans), group):
-        vals = [y for row in ys[g: g + group] for y in row]
+        vals = [y for row in ys[g : g + group] for y in row]
         if not vals:
             continue
         mean = sum(vals) / len(vals)

@@ -22,8 +22,9 @@ from r3rag.protocol import Hit
 IGNORE = -100
 
 
-def completion_with_eos(traj: Trajectory, eos_id: int, budget: int = 0,
-                        eos_rule: str = "answer") -> tuple[list[int], list[int]]:
+def completion_with_eos(
+    traj: Trajectory, eos_id: int, budget: int = 0, eos_rule: str = "answer"
+) -> tuple[list[int], list[int]]:
     """The one span rule for SFT labels and the GRPO env_mask: the joined turns, then EOS.
 
     Which EOS is a learned model token, by `eos_rule`:
@@ -74,8 +75,10 @@ def require_chat_template(protocol, tokenizer, where: str) -> None:
     if getattr(protocol, "chat", False) and not getattr(tokenizer, "chat_template", None):
         from r3rag.errors import UserError
 
-        raise UserError(f"{where}: the protocol has chat=true but the tokenizer has no chat template "
-                        "(use an instruct model's tokenizer, or set chat=false)")
+        raise UserError(
+            f"{where}: the protocol has chat=true but the tokenizer has no chat template "
+            "(use an instruct model's tokenizer, or set chat=false)"
+        )
 
 
 def tokenize_trajectory(row: dict, tokenizer, max_length: int = 0, protocol=None) -> tuple[list[int], list[int]]:
@@ -117,15 +120,17 @@ class LoraSettings:
     r: int = 16
     alpha: int = 32
     dropout: float = 0.05
-    target_modules: list[str] = field(default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj",
-                                                               "gate_proj", "up_proj", "down_proj"])
+    target_modules: list[str] = field(
+        default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
+    )
 
 
 def apply_lora(model, s: LoraSettings):
     from peft import LoraConfig, get_peft_model
 
-    cfg = LoraConfig(r=s.r, lora_alpha=s.alpha, lora_dropout=s.dropout, target_modules=s.target_modules,
-                     task_type="CAUSAL_LM")
+    cfg = LoraConfig(
+        r=s.r, lora_alpha=s.alpha, lora_dropout=s.dropout, target_modules=s.target_modules, task_type="CAUSAL_LM"
+    )
     return get_peft_model(model, cfg)
 
 

@@ -29,8 +29,10 @@ def gold_doc_keys(question: dict) -> tuple[str, list[str]]:
         return "id", list(meta["supporting_docs"])
     if meta.get("supporting_titles"):
         return "title", list(meta["supporting_titles"])
-    raise UserError(f"question {question.get('id')!r}: no gold documents (metadata.supporting_docs or "
-                    "supporting_titles); the gold reader needs them")
+    raise UserError(
+        f"question {question.get('id')!r}: no gold documents (metadata.supporting_docs or "
+        "supporting_titles); the gold reader needs them"
+    )
 
 
 class GoldRetriever:
@@ -45,8 +47,10 @@ class GoldRetriever:
         for q in questions:
             hits = _gold_hits(q, by_id, by_title)
             if self.gold.get(q["question"], hits) != hits:
-                raise UserError(f"question {q.get('id')!r}: another question has the same text but other gold "
-                                "documents; the gold reader finds documents by question text")
+                raise UserError(
+                    f"question {q.get('id')!r}: another question has the same text but other gold "
+                    "documents; the gold reader finds documents by question text"
+                )
             self.gold[q["question"]] = hits
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:

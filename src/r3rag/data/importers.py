@@ -23,8 +23,8 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+from collections.abc import Iterable, Iterator
 from pathlib import Path
-from typing import Iterable, Iterator
 
 from r3rag.errors import UserError
 from r3rag.jsonl import expect_object, parse_line, unique_by_id
@@ -32,13 +32,26 @@ from r3rag.jsonl import expect_object, parse_line, unique_by_id
 FORMATS = ("auto", "hotpotqa", "2wiki", "musique", "flashrag")
 _DATASET = {"hotpotqa": "hotpotqa", "2wiki": "2wikimultihopqa", "musique": "musique"}
 # Source fields consumed into the schema's own fields, so not copied into metadata again.
-_CONSUMED = {"_id", "id", "question", "answer", "answer_aliases", "aliases", "golden_answers", "context",
-             "paragraphs", "metadata", "supporting_titles", "hops"}
+_CONSUMED = {
+    "_id",
+    "id",
+    "question",
+    "answer",
+    "answer_aliases",
+    "aliases",
+    "golden_answers",
+    "context",
+    "paragraphs",
+    "metadata",
+    "supporting_titles",
+    "hops",
+}
 # Metadata fields that are rebuilt from the evidence; any other metadata field is kept as it is.
 _REBUILT = {"paragraphs", "supporting_titles", "hops"}
 
 
 # ---------------------------------------------------------------- reading
+
 
 def iter_records(path: str | Path) -> Iterator[tuple[int, dict]]:
     """(line, record) from a JSON list or a JSONL file; every parse error names the file and line."""
@@ -49,7 +62,7 @@ def iter_records(path: str | Path) -> Iterator[tuple[int, dict]]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        lineno = raw[:e.start].count(b"\n") + 1
+        lineno = raw[: e.start].count(b"\n") + 1
         raise UserError(f"{path}:{lineno}: not valid UTF-8") from None
     text = text.lstrip("\ufeff")  # a BOM is harmless; don't call it malformed JSON
     if text.lstrip().startswith("["):
@@ -95,13 +108,14 @@ def _iter_json_array(text: str, path: Path) -> Iterator[tuple[int, dict]]:
             pos = skip_ws(pos + 1)
             continue
         if pos < len(text) and text[pos] == "]":
-            if text[pos + 1:].strip():
+            if text[pos + 1 :].strip():
                 raise UserError(f"{path}:{line_at(pos)}: malformed JSON (extra data after the list)")
             return
         raise UserError(f"{path}:{line_at(min(pos, len(text)))}: malformed JSON (expected ',' or ']')")
 
 
 # ---------------------------------------------------------------- format detection
+
 
 def detect_format(row: dict, where: str) -> str:
     """Guess the format from one record's keys; refuse to guess when two formats fit."""
@@ -112,8 +126,10 @@ def detect_format(row: dict, where: str) -> str:
         elif "level" in row:
             fits.append("hotpotqa")
         else:
-            raise UserError(f"{where}: cannot tell HotpotQA from 2WikiMultiHopQA (no 'level', 'evidences' "
-                            "or 'entity_ids'); pass --format hotpotqa or --format 2wiki")
+            raise UserError(
+                f"{where}: cannot tell HotpotQA from 2WikiMultiHopQA (no 'level', 'evidences' "
+                "or 'entity_ids'); pass --format hotpotqa or --format 2wiki"
+            )
     if "paragraphs" in row:
         fits.append("musique")
     if "golden_answers" in row:
@@ -121,12 +137,14 @@ def detect_format(row: dict, where: str) -> str:
     if len(fits) == 1:
         return fits[0]
     if not fits:
-        raise UserError(f"{where}: cannot detect the format from keys {sorted(row)}; pass --format "
-                        f"({', '.join(FORMATS[1:])})")
+        raise UserError(
+            f"{where}: cannot detect the format from keys {sorted(row)}; pass --format ({', '.join(FORMATS[1:])})"
+        )
     raise UserError(f"{where}: ambiguous format (looks like {' and '.join(fits)}); pass --format")
 
 
 # ---------------------------------------------------------------- field helpers
+
 
 def _flat(row: dict, where: str) -> dict:
     """Record fields with `metadata` merged underneath: shared files keep the originals there."""
@@ -199,8 +217,13 @@ def _context_paragraphs(context, where: str) -> list[dict]:
     """HotpotQA/2Wiki `context: [[title, [sentences]]]` -> paragraph dicts (is_supporting set later)."""
     paras = []
     for i, item in enumerate(_list(context, where, "context")):
-        ok = (isinstance(item, list) and len(item) == 2 and isinstance(item[0], str)
-              and isinstance(item[1], list) and all(isinstance(s, str) for s in item[1]))
+        ok = (
+            isinstance(item, list)
+            and len(item) == 2
+            and isinstance(item[0], str)
+            and isinstance(item[1], list)
+            and all(isinstance(s, str) for s in item[1])
+        )
         if not ok:
             raise UserError(f"{where}: field 'context' item {i} must be [title, [sentences]]")
         # Sentences carry their own leading spaces inconsistently; one space between stripped ones
@@ -261,6 +284,7 @@ def _hops(src: dict, titles: list[str], where: str):
 
 # ---------------------------------------------------------------- one record
 
+
 def convert_record(row: dict, fmt: str, where: str) -> dict:
     """One source record -> the r3rag question schema. `fmt` is a concrete format, not 'auto'."""
     src = _flat(row, where)
@@ -293,6 +317,7 @@ def import_questions(path: str | Path, fmt: str = "auto", limit: int = 0) -> tup
         raise UserError(f"--format {fmt!r}: expected one of {', '.join(FORMATS)}")
     if limit < 0:
         raise UserError(f"--limit {limit}: must be 0 (all) or more")
+
     def converted():
         nonlocal fmt
         for lineno, row in iter_records(path):
@@ -309,9 +334,10 @@ def import_questions(path: str | Path, fmt: str = "auto", limit: int = 0) -> tup
 
 # ---------------------------------------------------------------- corpus and writing
 
+
 def doc_id(title: str, text: str) -> str:
     """Stable across runs and files: the same paragraph always gets the same id."""
-    return "p-" + hashlib.sha1(f"{title}\n{text}".encode("utf-8")).hexdigest()[:16]
+    return "p-" + hashlib.sha1(f"{title}\n{text}".encode()).hexdigest()[:16]
 
 
 def corpus_from_questions(questions: Iterable[dict]) -> list[dict]:

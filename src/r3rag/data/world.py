@@ -38,13 +38,40 @@ from dataclasses import dataclass, field
 
 from r3rag.data.world_questions import chain_question, fact_doc_id, with_named_twins
 from r3rag.data.world_text import (  # noqa: F401  (re-exported: the world's text lives in world_text)
-    COMPANY_SUFFIXES, COMPANY_TEMPLATES, COMPANY_WORDS, COUNTRY_NAMES, COUNTRY_TEMPLATES, CITY_NAMES, DOC_TEMPLATES,
-    EXTRA_QUESTION_TEMPLATES, EXTRA_QUESTION_TYPES, FACT_TEMPLATES, FIRST_NAMES, LAST_NAMES, PUNCTUATION,
-    QUESTION_TEMPLATES, QUESTION_TYPES, RELATION_PARAPHRASES, RELATION_PHRASES, UNIVERSITY_SUFFIXES,
-    UNIVERSITY_WORDS, YEARS, _extra_words, _template_words, world_vocabulary)
+    CITY_NAMES,
+    COMPANY_SUFFIXES,
+    COMPANY_TEMPLATES,
+    COMPANY_WORDS,
+    COUNTRY_NAMES,
+    COUNTRY_TEMPLATES,
+    DOC_TEMPLATES,
+    EXTRA_QUESTION_TEMPLATES,
+    EXTRA_QUESTION_TYPES,
+    FACT_TEMPLATES,
+    FIRST_NAMES,
+    LAST_NAMES,
+    PUNCTUATION,
+    QUESTION_TEMPLATES,
+    QUESTION_TYPES,
+    RELATION_PARAPHRASES,
+    RELATION_PHRASES,
+    UNIVERSITY_SUFFIXES,
+    UNIVERSITY_WORDS,
+    YEARS,
+    _extra_words,
+    _template_words,
+    world_vocabulary,
+)
 
-__all__ = ["WorldConfig", "World", "generate_world", "world_vocabulary", "fresh_world_config", "chain_names",
-           "world_config_from"]
+__all__ = [
+    "WorldConfig",
+    "World",
+    "generate_world",
+    "world_vocabulary",
+    "fresh_world_config",
+    "chain_names",
+    "world_config_from",
+]
 
 
 @dataclass
@@ -115,18 +142,28 @@ def _validate(config: WorldConfig) -> None:
         raise ValueError("WorldConfig.paraphrases > 1 needs doc_unit='fact'")
     if not 0.0 <= config.named <= 1.0:
         raise ValueError(f"WorldConfig.named must be a share in [0, 1], got {config.named}")
-    positive = ("n_clusters", "people_per_cluster", "companies_per_cluster",
-                "universities_per_cluster", "n_cities", "n_countries")
+    positive = (
+        "n_clusters",
+        "people_per_cluster",
+        "companies_per_cluster",
+        "universities_per_cluster",
+        "n_cities",
+        "n_countries",
+    )
     for field_name in positive:
         if getattr(config, field_name) < 1:
             raise ValueError(f"WorldConfig.{field_name} must be >= 1, got {getattr(config, field_name)}")
     for field_name in ("test_clusters", "dev_clusters"):
         if not 0 <= getattr(config, field_name) <= config.n_clusters:
-            raise ValueError(f"WorldConfig.{field_name} must be in [0, n_clusters={config.n_clusters}], "
-                             f"got {getattr(config, field_name)}")
+            raise ValueError(
+                f"WorldConfig.{field_name} must be in [0, n_clusters={config.n_clusters}], "
+                f"got {getattr(config, field_name)}"
+            )
     if config.test_clusters + config.dev_clusters > config.n_clusters:
-        raise ValueError(f"WorldConfig: test_clusters + dev_clusters ({config.test_clusters} + "
-                         f"{config.dev_clusters}) exceed n_clusters={config.n_clusters}")
+        raise ValueError(
+            f"WorldConfig: test_clusters + dev_clusters ({config.test_clusters} + "
+            f"{config.dev_clusters}) exceed n_clusters={config.n_clusters}"
+        )
     _check_capacity(config)
 
 
@@ -134,10 +171,12 @@ def _check_capacity(config: WorldConfig) -> None:
     """Unique-name capacity of each pool."""
     limits = (
         ("people", config.n_clusters * config.people_per_cluster, len(FIRST_NAMES) * len(LAST_NAMES)),
-        ("companies", config.n_clusters * config.companies_per_cluster,
-         len(COMPANY_WORDS) * len(COMPANY_SUFFIXES)),
-        ("universities", config.n_clusters * config.universities_per_cluster,
-         len(UNIVERSITY_WORDS) * len(UNIVERSITY_SUFFIXES)),
+        ("companies", config.n_clusters * config.companies_per_cluster, len(COMPANY_WORDS) * len(COMPANY_SUFFIXES)),
+        (
+            "universities",
+            config.n_clusters * config.universities_per_cluster,
+            len(UNIVERSITY_WORDS) * len(UNIVERSITY_SUFFIXES),
+        ),
         ("cities", config.n_cities, len(CITY_NAMES)),
         ("countries", config.n_countries, len(COUNTRY_NAMES)),
     )
@@ -145,7 +184,8 @@ def _check_capacity(config: WorldConfig) -> None:
         if asked > available:
             raise ValueError(
                 f"WorldConfig asks for {asked} unique {what} but the name pools allow only "
-                f"{available}; reduce the config")
+                f"{available}; reduce the config"
+            )
 
 
 def _person_names(rng: random.Random, count: int) -> list[str]:
@@ -155,8 +195,7 @@ def _person_names(rng: random.Random, count: int) -> list[str]:
     return [f"{FIRST_NAMES[i // n_last]} {LAST_NAMES[i % n_last]}" for i in picks]
 
 
-def _compound_names(rng: random.Random, words: tuple[str, ...], suffixes: tuple[str, ...],
-                    count: int) -> list[str]:
+def _compound_names(rng: random.Random, words: tuple[str, ...], suffixes: tuple[str, ...], count: int) -> list[str]:
     """Unique "<word> <suffix>" names that reuse a word only when unavoidable.
 
     Reusing words as little as possible keeps BM25 retrieval unambiguous: the
@@ -194,8 +233,7 @@ def _make_doc(rng: random.Random, entity: _Entity, style: str) -> dict:
         text = " ".join(sentences)
     else:
         text = rng.choice(COUNTRY_TEMPLATES).format(name=entity.name)
-    return {"id": entity.doc_id, "title": entity.name, "text": text,
-            "contents": entity.name + "\n" + text}
+    return {"id": entity.doc_id, "title": entity.name, "text": text, "contents": entity.name + "\n" + text}
 
 
 def _fact_docs(entity: _Entity, rng: random.Random | None = None, paraphrases: int = 1) -> list[dict]:
@@ -206,15 +244,29 @@ def _fact_docs(entity: _Entity, rng: random.Random | None = None, paraphrases: i
         return [{"id": entity.doc_id, "title": entity.name, "text": text, "contents": entity.name + "\n" + text}]
     docs = []
     for keyword, value in entity.facts.items():
-        phrase = rng.choice(RELATION_PARAPHRASES[keyword][:paraphrases]) if paraphrases > 1 else RELATION_PHRASES[keyword]
+        phrase = (
+            rng.choice(RELATION_PARAPHRASES[keyword][:paraphrases]) if paraphrases > 1 else RELATION_PHRASES[keyword]
+        )
         text = f"{entity.name} {phrase} {value} ."
-        docs.append({"id": fact_doc_id(entity, keyword), "title": entity.name, "text": text,
-                     "contents": entity.name + "\n" + text})
+        docs.append(
+            {
+                "id": fact_doc_id(entity, keyword),
+                "title": entity.name,
+                "text": text,
+                "contents": entity.name + "\n" + text,
+            }
+        )
     return docs
 
 
-def _cluster_entities(rng: random.Random, cities: list[str], c_people: list[str], c_companies: list[str],
-                      c_unis: list[str], counts: dict[str, int]) -> list[_Entity]:
+def _cluster_entities(
+    rng: random.Random,
+    cities: list[str],
+    c_people: list[str],
+    c_companies: list[str],
+    c_unis: list[str],
+    counts: dict[str, int],
+) -> list[_Entity]:
     """One cluster's universities, people and companies (facts drawn in this order: seeds rely on it)."""
     unis = []
     for name in c_unis:
@@ -222,11 +274,18 @@ def _cluster_entities(rng: random.Random, cities: list[str], c_people: list[str]
         counts["u"] += 1
     people = []
     for name in c_people:
-        people.append(_Entity(name, "person", f"p{counts['p']:04d}", {
-            "born": rng.choice(cities),
-            "works": rng.choice(c_companies),
-            "studied": rng.choice(c_unis),
-        }))
+        people.append(
+            _Entity(
+                name,
+                "person",
+                f"p{counts['p']:04d}",
+                {
+                    "born": rng.choice(cities),
+                    "works": rng.choice(c_companies),
+                    "studied": rng.choice(c_unis),
+                },
+            )
+        )
         counts["p"] += 1
     # Distinct founders when possible, so founder questions vary.
     if len(c_people) >= len(c_companies):
@@ -235,11 +294,18 @@ def _cluster_entities(rng: random.Random, cities: list[str], c_people: list[str]
         founders = [rng.choice(c_people) for _ in c_companies]
     companies = []
     for name, founder in zip(c_companies, founders):
-        companies.append(_Entity(name, "company", f"c{counts['c']:04d}", {
-            "headquartered": rng.choice(cities),
-            "founder": founder,
-            "founded": rng.choice(YEARS),
-        }))
+        companies.append(
+            _Entity(
+                name,
+                "company",
+                f"c{counts['c']:04d}",
+                {
+                    "headquartered": rng.choice(cities),
+                    "founder": founder,
+                    "founded": rng.choice(YEARS),
+                },
+            )
+        )
         counts["c"] += 1
     return unis + people + companies
 
@@ -252,20 +318,23 @@ def _entities(rng: random.Random, cfg: WorldConfig) -> tuple[list[_Entity], list
     city_country = _assign_countries(rng, cities, countries)
     people = _person_names(rng, cfg.n_clusters * cfg.people_per_cluster)
     companies = _compound_names(rng, COMPANY_WORDS, COMPANY_SUFFIXES, cfg.n_clusters * cfg.companies_per_cluster)
-    universities = _compound_names(rng, UNIVERSITY_WORDS, UNIVERSITY_SUFFIXES,
-                                   cfg.n_clusters * cfg.universities_per_cluster)
+    universities = _compound_names(
+        rng, UNIVERSITY_WORDS, UNIVERSITY_SUFFIXES, cfg.n_clusters * cfg.universities_per_cluster
+    )
     by_kind: dict[str, list[_Entity]] = {"person": [], "company": [], "university": []}
     clusters = []
     counts = {"p": 0, "c": 0, "u": 0}
     for k in range(cfg.n_clusters):
-        c_people = people[k * cfg.people_per_cluster:(k + 1) * cfg.people_per_cluster]
-        c_companies = companies[k * cfg.companies_per_cluster:(k + 1) * cfg.companies_per_cluster]
-        c_unis = universities[k * cfg.universities_per_cluster:(k + 1) * cfg.universities_per_cluster]
+        c_people = people[k * cfg.people_per_cluster : (k + 1) * cfg.people_per_cluster]
+        c_companies = companies[k * cfg.companies_per_cluster : (k + 1) * cfg.companies_per_cluster]
+        c_unis = universities[k * cfg.universities_per_cluster : (k + 1) * cfg.universities_per_cluster]
         clusters.append((c_people, c_companies))
         for ent in _cluster_entities(rng, cities, c_people, c_companies, c_unis, counts):
             by_kind[ent.kind].append(ent)
-    city_ents = [_Entity(name, "city", f"city{i:04d}", {"country": country})
-                 for i, (name, country) in enumerate(zip(cities, city_country))]
+    city_ents = [
+        _Entity(name, "city", f"city{i:04d}", {"country": country})
+        for i, (name, country) in enumerate(zip(cities, city_country))
+    ]
     country_ents = [_Entity(name, "country", f"n{i:04d}", {}) for i, name in enumerate(countries)]
     return by_kind["person"] + by_kind["company"] + by_kind["university"] + city_ents + country_ents, clusters
 
@@ -277,8 +346,9 @@ def _split_of(cfg: WorldConfig, cluster: int) -> str:
     return "dev" if cluster >= first_test - cfg.dev_clusters else "train"
 
 
-def _chain_questions(rng: random.Random, cfg: WorldConfig, entities: dict[str, _Entity], clusters,
-                     doc_text: dict[str, str] | None) -> dict[str, list[dict]]:
+def _chain_questions(
+    rng: random.Random, cfg: WorldConfig, entities: dict[str, _Entity], clusters, doc_text: dict[str, str] | None
+) -> dict[str, list[dict]]:
     """Every chain question by split, each split shuffled. Dev comes out of the shuffled
     training pool, so train and test see the same draws whatever `dev_clusters` is."""
     types = {**QUESTION_TYPES, **(EXTRA_QUESTION_TYPES if cfg.question_types == "all" else {})}
@@ -298,8 +368,11 @@ def _chain_questions(rng: random.Random, cfg: WorldConfig, entities: dict[str, _
     # Shuffle so any prefix of a split mixes clusters and question types.
     rng.shuffle(pool)
     rng.shuffle(test)
-    return {"train": [q for q in pool if q["metadata"]["split"] == "train"],
-            "dev": [q for q in pool if q["metadata"]["split"] == "dev"], "test": test}
+    return {
+        "train": [q for q in pool if q["metadata"]["split"] == "train"],
+        "dev": [q for q in pool if q["metadata"]["split"] == "dev"],
+        "test": test,
+    }
 
 
 def generate_world(config: WorldConfig) -> World:
@@ -315,8 +388,10 @@ def generate_world(config: WorldConfig) -> World:
     doc_text = {d["id"]: d["text"] for d in docs} if config.paraphrases > 1 else None
     splits = _chain_questions(rng, config, entities, clusters, doc_text)
     # Named twins draw from their own generator per split: the chain questions' draws stay as they were.
-    splits = {name: with_named_twins(qs, config.named, random.Random(f"{config.seed}:named:{name}"))
-              for name, qs in splits.items()}
+    splits = {
+        name: with_named_twins(qs, config.named, random.Random(f"{config.seed}:named:{name}"))
+        for name, qs in splits.items()
+    }
     return World(config=config, docs=docs, **splits)
 
 

@@ -19,8 +19,15 @@ from __future__ import annotations
 
 import random
 
-from r3rag.data.world_text import (EXTRA_QUESTION_TEMPLATES, EXTRA_QUESTION_TYPES, FACT_TEMPLATES, QUESTION_TEMPLATES,
-                                   QUESTION_TYPES, RELATION_PHRASES, ROLE_NOUNS)
+from r3rag.data.world_text import (
+    EXTRA_QUESTION_TEMPLATES,
+    EXTRA_QUESTION_TYPES,
+    FACT_TEMPLATES,
+    QUESTION_TEMPLATES,
+    QUESTION_TYPES,
+    RELATION_PHRASES,
+    ROLE_NOUNS,
+)
 
 ALL_TYPES = {**QUESTION_TYPES, **EXTRA_QUESTION_TYPES}
 
@@ -29,8 +36,9 @@ def fact_doc_id(entity, keyword: str) -> str:
     return f"{entity.doc_id}-{keyword}"
 
 
-def relation_chain(entities: dict, subject: str, path: tuple[str, ...], doc_unit: str,
-                   doc_text: dict[str, str] | None = None) -> list[dict]:
+def relation_chain(
+    entities: dict, subject: str, path: tuple[str, ...], doc_unit: str, doc_text: dict[str, str] | None = None
+) -> list[dict]:
     """Follow the relation path from the subject, one hop per relation. The hop's `fact` is the
     sentence its document states (`doc_text` by doc id, for paraphrased worlds)."""
     hops = []
@@ -39,18 +47,29 @@ def relation_chain(entities: dict, subject: str, path: tuple[str, ...], doc_unit
         entity = entities[current]
         value = entity.facts[keyword]
         doc_id = fact_doc_id(entity, keyword) if doc_unit == "fact" else entity.doc_id
-        hops.append({
-            "doc_id": doc_id,
-            "query": f"{current} {RELATION_PHRASES[keyword]}",
-            "fact": (doc_text or {}).get(doc_id) or FACT_TEMPLATES[keyword].format(s=current, v=value),
-            "value": value,
-        })
+        hops.append(
+            {
+                "doc_id": doc_id,
+                "query": f"{current} {RELATION_PHRASES[keyword]}",
+                "fact": (doc_text or {}).get(doc_id) or FACT_TEMPLATES[keyword].format(s=current, v=value),
+                "value": value,
+            }
+        )
         current = value
     return hops
 
 
-def chain_question(rng: random.Random, entities: dict, qid: str, qtype: str, subject: str, split: str,
-                   cluster: int, doc_unit: str, doc_text: dict[str, str] | None) -> dict:
+def chain_question(
+    rng: random.Random,
+    entities: dict,
+    qid: str,
+    qtype: str,
+    subject: str,
+    split: str,
+    cluster: int,
+    doc_unit: str,
+    doc_text: dict[str, str] | None,
+) -> dict:
     _kind, path = ALL_TYPES[qtype]
     chain = relation_chain(entities, subject, path, doc_unit, doc_text)
     templates = QUESTION_TEMPLATES.get(qtype) or EXTRA_QUESTION_TEMPLATES[qtype]

@@ -206,8 +206,30 @@ def _template_words() -> list[str]:
 # ---------------------------------------------------------------------------
 
 _POOL_SEED = 20240611
-_ONSETS = ("b", "d", "f", "g", "k", "l", "m", "n", "p", "r", "s", "t", "v", "z",
-           "br", "dr", "kr", "tr", "st", "gr", "th", "sh")
+_ONSETS = (
+    "b",
+    "d",
+    "f",
+    "g",
+    "k",
+    "l",
+    "m",
+    "n",
+    "p",
+    "r",
+    "s",
+    "t",
+    "v",
+    "z",
+    "br",
+    "dr",
+    "kr",
+    "tr",
+    "st",
+    "gr",
+    "th",
+    "sh",
+)
 _VOWELS = ("a", "e", "i", "o", "u", "ai", "ei", "ou")
 # Each pool has its own endings so the kind of a name is visible in its shape.
 _POOL_SPECS = (
@@ -263,11 +285,11 @@ def _extra_words() -> list[str]:
     return list(words)
 
 
-def _is_basic(config: "WorldConfig | None") -> bool:
+def _is_basic(config: WorldConfig | None) -> bool:
     return config is None or (config.paraphrases <= 1 and config.question_types == "basic")
 
 
-def world_vocabulary(config: "WorldConfig | None" = None) -> list[str]:
+def world_vocabulary(config: WorldConfig | None = None) -> list[str]:
     """Every token that any world (any seed) with this config's features can emit, in a
     deterministic order. Basic worlds (the default) never use the harder worlds' extra words, so
     their vocabulary, and a tokenizer trained on it, stay as they were."""
@@ -295,7 +317,13 @@ def world_vocabulary(config: "WorldConfig | None" = None) -> list[str]:
 # question text can find the one fact that answers it. Role nouns by the relation that reached
 # the entity; only relations that can end a non-final hop appear. Every word is already a basic
 # template word, so the vocabulary (and any tokenizer trained on it) does not change.
-ROLE_NOUNS = {"works": "company", "studied": "school", "founder": "founder", "born": "city",
-              "headquartered": "city", "located": "city"}
+ROLE_NOUNS = {
+    "works": "company",
+    "studied": "school",
+    "founder": "founder",
+    "born": "city",
+    "headquartered": "city",
+    "located": "city",
+}
 NAMED_JOIN = ("where", "the", "is", "and")
 assert set(ROLE_NOUNS.values()) | set(NAMED_JOIN) <= set(_template_words())

@@ -9,8 +9,15 @@ Usage:
 from __future__ import annotations
 
 import torch
-from transformers import (DynamicCache, LogitsProcessor, LogitsProcessorList, StoppingCriteria, StoppingCriteriaList,
-                          TemperatureLogitsWarper, TopPLogitsWarper)
+from transformers import (
+    DynamicCache,
+    LogitsProcessor,
+    LogitsProcessorList,
+    StoppingCriteria,
+    StoppingCriteriaList,
+    TemperatureLogitsWarper,
+    TopPLogitsWarper,
+)
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
 from r3rag.env import Generated, Trajectory
@@ -50,7 +57,7 @@ class _StopOnStrings(StoppingCriteria):
             tails = self.tokenizer.batch_decode(input_ids[:, lo:], skip_special_tokens=False)
             done = torch.tensor([any(s in t for s in self.stops) for t in tails], device=input_ids.device)
         if self.n_real is not None:
-            done[self.n_real:] = True
+            done[self.n_real :] = True
         return done
 
 
@@ -76,7 +83,7 @@ class _SampledLogprobs(LogitsProcessor):
         (deferred stop checks, then undone), and the last one was drawn after the last call."""
         n = new_ids.shape[1]
         if n > len(self.steps) and self._last is not None:
-            self.steps.append(self._last.gather(1, new_ids[:, len(self.steps): len(self.steps) + 1]).squeeze(1))
+            self.steps.append(self._last.gather(1, new_ids[:, len(self.steps) : len(self.steps) + 1]).squeeze(1))
         if not n:
             return [[] for _ in range(new_ids.shape[0])]
         return torch.stack(self.steps[:n], 1).tolist()
@@ -88,8 +95,8 @@ def left_pad(seqs: list[list[int]], pad_id: int) -> tuple[torch.Tensor, torch.Te
     input_ids = torch.full((len(seqs), width), pad_id, dtype=torch.long)
     mask = torch.zeros((len(seqs), width), dtype=torch.long)
     for r, s in enumerate(seqs):
-        input_ids[r, width - len(s):] = torch.tensor(s, dtype=torch.long)
-        mask[r, width - len(s):] = 1
+        input_ids[r, width - len(s) :] = torch.tensor(s, dtype=torch.long)
+        mask[r, width - len(s) :] = 1
     return input_ids, mask
 
 
@@ -113,9 +120,18 @@ class HFGenerator:
     `logprobs` (RL, when sampling): each `Generated` carries its ids' log-probabilities under the
     sampling distribution, for TRL's importance-sampling correction (`grpo.rollout_batch`)."""
 
-    def __init__(self, model, tokenizer, batch_size: int = 64, temperature: float = 0.0, top_p: float = 1.0,
-                 reuse_cache: bool = True, static_cache: bool = False, logits_processors: tuple = (),
-                 logprobs: bool = False):
+    def __init__(
+        self,
+        model,
+        tokenizer,
+        batch_size: int = 64,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        reuse_cache: bool = True,
+        static_cache: bool = False,
+        logits_processors: tuple = (),
+        logprobs: bool = False,
+    ):
         self.model, self.tokenizer = model, tokenizer
         self.batch_size, self.temperature, self.top_p = batch_size, temperature, top_p
         self.logprobs = logprobs
@@ -134,15 +150,18 @@ class HFGenerator:
         order = sorted(range(len(seqs)), key=lambda i: len(seqs[i]))
         results: list[Generated | None] = [None] * len(seqs)
         for lo in range(0, len(order), self.batch_size):
-            chunk = order[lo: lo + self.batch_size]
-            outs = self._generate_batch([seqs[i] for i in chunk], stop, max_new_tokens, [id(contexts[i]) for i in chunk])
+            chunk = order[lo : lo + self.batch_size]
+            outs = self._generate_batch(
+                [seqs[i] for i in chunk], stop, max_new_tokens, [id(contexts[i]) for i in chunk]
+            )
             for i, g in zip(chunk, outs):
                 results[i] = g
         return results  # type: ignore[return-value]
 
     @torch.no_grad()
-    def _generate_batch(self, seqs: list[list[int]], stop: tuple[str, ...], max_new_tokens: int,
-                        keys: list[int] | None = None) -> list[Generated]:
+    def _generate_batch(
+        self, seqs: list[list[int]], stop: tuple[str, ...], max_new_tokens: int, keys: list[int] | None = None
+    ) -> list[Generated]:
         device = self.model.device
         n_real = len(seqs)
         if self.static_cache:  # one batch shape for every call (see the class docstring)
@@ -159,22 +178,27 @@ class HFGenerator:
             cache_args = {"cache_implementation": "static", "max_cache_len": -(-(width + max_new_tokens) // 256) * 256}
         recorder = _SampledLogprobs() if sample and self.logprobs else None
         out = self.model.generate(
-            input_ids=input_ids.to(device), attention_mask=attention.to(device), **cache_args,
-            max_new_tokens=max_new_tokens, do_sample=sample,
-            temperature=1.0 if sample else None, top_p=1.0 if sample else None,  # the warpers are in our list
-            top_k=None, pad_token_id=self.pad_id, eos_token_id=self.tokenizer.eos_token_id,
+            input_ids=input_ids.to(device),
+            attention_mask=attention.to(device),
+            **cache_args,
+            max_new_tokens=max_new_tokens,
+            do_sample=sample,
+            temperature=1.0 if sample else None,
+            top_p=1.0 if sample else None,  # the warpers are in our list
+            top_k=None,
+            pad_token_id=self.pad_id,
+            eos_token_id=self.tokenizer.eos_token_id,
             stopping_criteria=StoppingCriteriaList([_StopOnStrings(self.tokenizer, stop, width, n_real)]),
             logits_processor=self._processors(sample, recorder),
-            return_dict_in_generate=True, use_cache=True,
+            return_dict_in_generate=True,
+            use_cache=True,
         )
         stop_ids = single_token_ids(self.tokenizer, stop)
         lps = recorder.finish(out.sequences[:, width:])[:n_real] if recorder is not None else [None] * n_real
-        results = [self._cut(row[width:].tolist(), stop, stop_ids, lp)
-                   for row, lp in zip(out.sequences[:n_real], lps)]
+        results = [self._cut(row[width:].tolist(), stop, stop_ids, lp) for row, lp in zip(out.sequences[:n_real], lps)]
         out_cache = getattr(out, _CACHE_KWARG, None)
         if self.store is not None and keys and isinstance(out_cache, DynamicCache):
-            self.store.save(keys, seqs, attention, out_cache, [g.ids for g in results],
-                            out.sequences.shape[1] - width)
+            self.store.save(keys, seqs, attention, out_cache, [g.ids for g in results], out.sequences.shape[1] - width)
         return results
 
     def _processors(self, sample: bool, recorder: _SampledLogprobs | None) -> LogitsProcessorList:
@@ -187,23 +211,30 @@ class HFGenerator:
         warpers += [TopPLogitsWarper(self.top_p)] if self.top_p < 1.0 else []
         return LogitsProcessorList([*self.logits_processors, *warpers, *([recorder] if recorder else [])])
 
-    def _cut(self, gen: list[int], stop: tuple[str, ...], stop_ids: list[int] | None,
-             lps: list[float] | None = None) -> Generated:
+    def _cut(
+        self, gen: list[int], stop: tuple[str, ...], stop_ids: list[int] | None, lps: list[float] | None = None
+    ) -> Generated:
         eos = self.tokenizer.eos_token_id
         for j, tok in enumerate(gen):
             if tok == eos:  # the sampled EOS stays in the ids (it is trained on in RL), not in the text
-                return Generated(self.tokenizer.decode(gen[:j], skip_special_tokens=True), gen[: j + 1], "eos",
-                                 logprobs=lps and lps[: j + 1])
+                return Generated(
+                    self.tokenizer.decode(gen[:j], skip_special_tokens=True),
+                    gen[: j + 1],
+                    "eos",
+                    logprobs=lps and lps[: j + 1],
+                )
             if stop_ids is not None:
                 hit = tok in stop_ids
             else:
-                tail = self.tokenizer.decode(gen[max(0, j - _WINDOW + 1): j + 1], skip_special_tokens=False)
+                tail = self.tokenizer.decode(gen[max(0, j - _WINDOW + 1) : j + 1], skip_special_tokens=False)
                 hit = any(s in tail for s in stop)
             if hit:
                 kept = gen[: j + 1]
-                return Generated(self.tokenizer.decode(kept, skip_special_tokens=True), kept, "stop",
-                                 logprobs=lps and lps[: j + 1])
+                return Generated(
+                    self.tokenizer.decode(kept, skip_special_tokens=True), kept, "stop", logprobs=lps and lps[: j + 1]
+                )
         keep = [j for j, t in enumerate(gen) if t != self.pad_id or self.pad_id == eos]
         gen = [gen[j] for j in keep]
-        return Generated(self.tokenizer.decode(gen, skip_special_tokens=True), gen, "length",
-                         logprobs=lps and [lps[j] for j in keep])
+        return Generated(
+            self.tokenizer.decode(gen, skip_special_tokens=True), gen, "length", logprobs=lps and [lps[j] for j in keep]
+        )

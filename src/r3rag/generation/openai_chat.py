@@ -26,10 +26,10 @@ Usage:
 
 from __future__ import annotations
 
-from r3rag.env import Generated, Trajectory
-from r3rag.errors import UserError
 from collections import defaultdict
 
+from r3rag.env import Generated, Trajectory
+from r3rag.errors import UserError
 from r3rag.protocol import ANSWER_OPEN, Protocol
 
 
@@ -38,8 +38,16 @@ class EndpointError(UserError):
 
 
 class ChatGenerator:
-    def __init__(self, client, protocol: Protocol, temperature: float = 0.0, seed: int | None = None,
-                 teacher: bool = False, on_failure: str = "raise", on_result=None):
+    def __init__(
+        self,
+        client,
+        protocol: Protocol,
+        temperature: float = 0.0,
+        seed: int | None = None,
+        teacher: bool = False,
+        on_failure: str = "raise",
+        on_result=None,
+    ):
         self.client, self.protocol = client, protocol
         self.temperature, self.seed = temperature, seed
         self.teacher, self.on_failure, self.on_result = teacher, on_failure, on_result
@@ -48,8 +56,11 @@ class ChatGenerator:
 
     def generate(self, contexts: list[Trajectory], stop: tuple[str, ...], max_new_tokens: int) -> list[Generated]:
         # The API answers one turn per request, so it gets the protocol's API stops (not the loop's).
-        params = {"temperature": self.temperature, "max_tokens": max_new_tokens,
-                  "stop": list(self.protocol.api_stop_strings())}
+        params = {
+            "temperature": self.temperature,
+            "max_tokens": max_new_tokens,
+            "stop": list(self.protocol.api_stop_strings()),
+        }
         if self.seed is not None:
             params["seed"] = self.seed
         results = self.client.chat_many([self.messages(t) for t in contexts], on_result=self.on_result, **params)
@@ -86,5 +97,5 @@ class ChatGenerator:
         if traj.turns and traj.turns[-1].role == "env" and traj.turns[-1].text.endswith(prefill):
             stripped = text.lstrip()
             if stripped.startswith(ANSWER_OPEN):
-                return stripped[len(ANSWER_OPEN):]
+                return stripped[len(ANSWER_OPEN) :]
         return text

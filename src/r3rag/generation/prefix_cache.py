@@ -79,14 +79,15 @@ class PrefixCacheStore:
             new = s[n:]
             # The cached columns are never fed to the model (the cache covers them); their real ids
             # are there for logits processors and stopping criteria that read the whole context.
-            input_ids[r, lc - n: lc] = torch.tensor(s[:n], dtype=torch.long)
-            mask[r, lc - n: lc] = 1
-            input_ids[r, lc + ln - len(new):] = torch.tensor(new, dtype=torch.long)
-            mask[r, lc + ln - len(new):] = 1
+            input_ids[r, lc - n : lc] = torch.tensor(s[:n], dtype=torch.long)
+            mask[r, lc - n : lc] = 1
+            input_ids[r, lc + ln - len(new) :] = torch.tensor(new, dtype=torch.long)
+            mask[r, lc + ln - len(new) :] = 1
         return BatchPlan(keys, seqs, input_ids, mask, _gather_cache(cached, lc, device))
 
-    def save(self, keys: list[int], seqs: list[list[int]], input_mask: torch.Tensor, cache, kept: list[list[int]],
-             steps: int) -> None:
+    def save(
+        self, keys: list[int], seqs: list[list[int]], input_mask: torch.Tensor, cache, kept: list[list[int]], steps: int
+    ) -> None:
         """Record each row's real cached tokens: its unpadded input and the kept generated tokens
         that were fed back (the last sampled token of the call never is)."""
         width = input_mask.shape[1]
@@ -116,7 +117,7 @@ def _gather_cache(cached: list[CachedRow | None], lc: int, device) -> DynamicCac
         width = source[0][0].shape[2]
         columns = torch.zeros((len(members), lc), dtype=torch.long)
         for j, r in enumerate(members):
-            columns[j, lc - len(cached[r].positions):] = cached[r].positions.cpu()
+            columns[j, lc - len(cached[r].positions) :] = cached[r].positions.cpu()
         rows = torch.tensor([cached[r].row for r in members])
         flat = (rows[:, None, None] * heads + torch.arange(heads)[None, :, None]) * width + columns[:, None, :]
         gathers.append((source, flat.view(-1).to(source[0][0].device), members))

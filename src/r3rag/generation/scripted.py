@@ -6,7 +6,7 @@ Usage:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 from r3rag.env import Generated, Trajectory
 

@@ -37,14 +37,28 @@ def load_llm(model: str, dtype: str = "auto", gpu_memory: float = 0.9, seed: int
     return LLM(model=model, dtype=dtype, gpu_memory_utilization=gpu_memory, seed=seed)
 
 
-def sample(llm, prompts: list[list[int]], stop: tuple[str, ...], max_new_tokens: int, temperature: float,
-           top_p: float, seed: int | None = None) -> list[tuple[list[int], str]]:
+def sample(
+    llm,
+    prompts: list[list[int]],
+    stop: tuple[str, ...],
+    max_new_tokens: int,
+    temperature: float,
+    top_p: float,
+    seed: int | None = None,
+) -> list[tuple[list[int], str]]:
     """One batched `vllm.LLM.generate` over token-id prompts: (generated ids, finish reason) per prompt,
     the stop string's tokens kept (as transformers' path keeps them)."""
     from vllm import SamplingParams
 
-    params = SamplingParams(n=1, temperature=temperature, top_p=top_p, max_tokens=max_new_tokens, seed=seed,
-                            stop=list(stop), include_stop_str_in_output=True)
+    params = SamplingParams(
+        n=1,
+        temperature=temperature,
+        top_p=top_p,
+        max_tokens=max_new_tokens,
+        seed=seed,
+        stop=list(stop),
+        include_stop_str_in_output=True,
+    )
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sampling_params=params, use_tqdm=False)
     return [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason) for o in outs]
 
@@ -63,8 +77,9 @@ class LLMGenerator:
         self.temperature, self.top_p, self.seed = temperature, top_p, seed
 
     def generate(self, contexts: list[Trajectory], stop: tuple[str, ...], max_new_tokens: int) -> list[Generated]:
-        done = sample(self.llm, [c.context_ids() for c in contexts], stop, max_new_tokens, self.temperature,
-                      self.top_p, self.seed)
+        done = sample(
+            self.llm, [c.context_ids() for c in contexts], stop, max_new_tokens, self.temperature, self.top_p, self.seed
+        )
         return [to_generated(self.tokenizer, ids, finish) for ids, finish in done]
 
 
@@ -79,11 +94,19 @@ class VLLMGenerator:
         if self.vg.mode == "colocate":
             done = sample(self.vg.llm, prompts, stop, max_new_tokens, self.temperature, self.top_p)
             return [to_generated(self.tokenizer, ids, finish) for ids, finish in done]
-        out = self._client().generate(prompts=prompts, n=1, temperature=self.temperature, top_p=self.top_p,
-                                      max_tokens=max_new_tokens, logprobs=None,
-                                      generation_kwargs={"stop": list(stop), "include_stop_str_in_output": True})
-        return [to_generated(self.tokenizer, ids, "length" if len(ids) >= max_new_tokens else "stop")
-                for ids in out["completion_ids"]]
+        out = self._client().generate(
+            prompts=prompts,
+            n=1,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            max_tokens=max_new_tokens,
+            logprobs=None,
+            generation_kwargs={"stop": list(stop), "include_stop_str_in_output": True},
+        )
+        return [
+            to_generated(self.tokenizer, ids, "length" if len(ids) >= max_new_tokens else "stop")
+            for ids in out["completion_ids"]
+        ]
 
     def _client(self):
         # TRL creates its client (and the weight-sync channel) on the main process only;

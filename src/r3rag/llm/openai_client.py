@@ -52,8 +52,9 @@ import os
 import random
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Callable, ClassVar
+from typing import ClassVar
 
 import httpx2
 import openai
@@ -98,6 +99,7 @@ class ChatStats:
 @dataclass
 class _Attempts:
     """What every HTTP attempt of one request came to: (kind, error) per failed one."""
+
     count: int = 0
     failures: list = field(default_factory=list)
 
@@ -109,9 +111,20 @@ _ATTEMPTS: contextvars.ContextVar[_Attempts] = contextvars.ContextVar("chat_atte
 
 
 class ChatClient:
-    def __init__(self, base_url: str, model: str, api_key_env: str = "", timeout: float = 60.0,
-                 max_retries: int = 4, concurrency: int = 32, backoff: float = 0.5, max_backoff: float = 30.0,
-                 max_retry_after: float = 120.0, seed: int | None = None, **defaults):
+    def __init__(
+        self,
+        base_url: str,
+        model: str,
+        api_key_env: str = "",
+        timeout: float = 60.0,
+        max_retries: int = 4,
+        concurrency: int = 32,
+        backoff: float = 0.5,
+        max_backoff: float = 30.0,
+        max_retry_after: float = 120.0,
+        seed: int | None = None,
+        **defaults,
+    ):
         if not base_url.startswith(("http://", "https://")):
             raise UserError(f"chat endpoint {base_url!r}: expected an http:// or https:// URL")
         if concurrency < 1 or max_retries < 0 or timeout <= 0:
@@ -144,8 +157,9 @@ class ChatClient:
     def chat(self, messages: list[dict], **params) -> ChatResult | ChatFailure:
         return self.chat_many([messages], **params)[0]
 
-    def chat_many(self, requests: list, on_result: Callable[[int, ChatResult | ChatFailure], None] | None = None,
-                  **params) -> list[ChatResult | ChatFailure]:
+    def chat_many(
+        self, requests: list, on_result: Callable[[int, ChatResult | ChatFailure], None] | None = None, **params
+    ) -> list[ChatResult | ChatFailure]:
         """One result per request, in order. A request is a list of messages, or a dict with
         `messages` and per-request fields (e.g. temperature) that override `params`."""
         bodies = [self._body(r, params) for r in requests]
@@ -200,8 +214,14 @@ class ChatClient:
         """The SDK client and the semaphore, made on the loop thread that uses them."""
         limits = httpx2.Limits(max_connections=self.concurrency, max_keepalive_connections=self.concurrency)
         http = _AttemptLog(self.url, self.timeout, limits=limits, timeout=self.timeout)
-        self._sdk = R3ragAsyncOpenAI(self._retry_wait, base_url=self.base_url, http_client=http,
-                                     timeout=self.timeout, max_retries=self.max_retries, **_sdk_auth(self._api_key))
+        self._sdk = R3ragAsyncOpenAI(
+            self._retry_wait,
+            base_url=self.base_url,
+            http_client=http,
+            timeout=self.timeout,
+            max_retries=self.max_retries,
+            **_sdk_auth(self._api_key),
+        )
         self._sem = asyncio.Semaphore(self.concurrency)
 
     async def _one(self, body: dict) -> ChatResult | ChatFailure:
@@ -216,8 +236,11 @@ class ChatClient:
             try:
                 # Everything but model and messages goes as it is, unchecked: servers differ in what they take.
                 reply = await self._sdk.chat.completions.create(
-                    model=fields.pop("model"), messages=fields.pop("messages"), extra_body=fields,
-                    extra_headers=None if self._api_key else _NO_AUTH)
+                    model=fields.pop("model"),
+                    messages=fields.pop("messages"),
+                    extra_body=fields,
+                    extra_headers=None if self._api_key else _NO_AUTH,
+                )
                 out = _result(reply)
             except openai.APIError as e:
                 out = self._failure(tries, e)
@@ -304,8 +327,9 @@ class _AttemptLog(httpx2.AsyncClient):
             tries.failures.append(("connection", f"{self._chat_url}: {type(e).__name__}: {_one_line(str(e))}"))
             raise
         if not resp.is_success:
-            tries.failures.append((f"http_{resp.status_code}",
-                                   f"{self._chat_url}: HTTP {resp.status_code}: {_one_line(resp.text)}"))
+            tries.failures.append(
+                (f"http_{resp.status_code}", f"{self._chat_url}: HTTP {resp.status_code}: {_one_line(resp.text)}")
+            )
         elif (problem := _malformed(resp.content)) is not None:
             tries.failures.append(("malformed", f"{self._chat_url}: {problem}"))
             raise _MalformedReply(problem, request=request)
@@ -319,15 +343,21 @@ def _malformed(raw: bytes) -> str | None:
         if not isinstance(text, str):
             raise TypeError("message.content is not a string")
     except (orjson.JSONDecodeError, KeyError, IndexError, TypeError) as e:
-        return (f"not a chat completion ({type(e).__name__}: {_one_line(str(e))}): "
-                f"{_one_line(raw.decode('utf-8', 'replace'))}")
+        return (
+            f"not a chat completion ({type(e).__name__}: {_one_line(str(e))}): "
+            f"{_one_line(raw.decode('utf-8', 'replace'))}"
+        )
     return None
 
 
 def _result(reply) -> ChatResult:
     choice, usage = reply.choices[0], reply.usage
-    return ChatResult(choice.message.content, choice.finish_reason or "stop",
-                      int(usage and usage.prompt_tokens or 0), int(usage and usage.completion_tokens or 0))
+    return ChatResult(
+        choice.message.content,
+        choice.finish_reason or "stop",
+        int(usage and usage.prompt_tokens or 0),
+        int(usage and usage.completion_tokens or 0),
+    )
 
 
 def _read_key(api_key_env: str, base_url: str) -> str:
@@ -335,8 +365,10 @@ def _read_key(api_key_env: str, base_url: str) -> str:
         return ""
     key = os.environ.get(api_key_env, "")
     if not key:
-        raise UserError(f"environment variable {api_key_env} is not set (the API key for {base_url}); "
-                        "set it, or use an empty api_key_env for an endpoint without a key")
+        raise UserError(
+            f"environment variable {api_key_env} is not set (the API key for {base_url}); "
+            "set it, or use an empty api_key_env for an endpoint without a key"
+        )
     return key
 
 
@@ -344,8 +376,10 @@ def _sdk_auth(key: str) -> dict:
     # Only the key from `api_key_env` goes out: the SDK would fill in OPENAI_API_KEY, OPENAI_ORG_ID and
     # OPENAI_PROJECT_ID from the environment. Without a key it insists on one: a placeholder, never sent
     # (each request omits the header, _NO_AUTH).
-    return {"api_key": key or "no-key",
-            "default_headers": {"OpenAI-Organization": openai.Omit(), "OpenAI-Project": openai.Omit()}}
+    return {
+        "api_key": key or "no-key",
+        "default_headers": {"OpenAI-Organization": openai.Omit(), "OpenAI-Project": openai.Omit()},
+    }
 
 
 def _one_line(text: str, limit: int = 160) -> str:

@@ -19,8 +19,8 @@ index, so the result is deterministic.
 from __future__ import annotations
 
 import json
-import zlib
 import sys
+import zlib
 from pathlib import Path
 
 from r3rag.jsonl import read_jsonl, write_jsonl
@@ -74,12 +74,12 @@ def _topk(scores: np.ndarray, cols: np.ndarray, k: int, seed: int = 0) -> tuple[
 
 
 class BM25Retriever:
-    def __init__(self, model: "bm25s.BM25", docs: list[dict], settings: dict):
+    def __init__(self, model: bm25s.BM25, docs: list[dict], settings: dict):
         self.model, self.docs, self.settings = model, docs, settings
         self._matrix = self._score_matrix(model)  # vocab x docs
 
     @staticmethod
-    def _score_matrix(model: "bm25s.BM25") -> "sparse.csr_matrix":
+    def _score_matrix(model: bm25s.BM25) -> sparse.csr_matrix:
         """bm25s' precomputed scores (its "csc" arrays: indptr over tokens) as a vocab x docs CSR."""
         sc = model.scores
         data, indices, indptr = sc["data"], sc["indices"], sc["indptr"]
@@ -88,8 +88,11 @@ class BM25Retriever:
         idx = indices.dtype if indices.dtype in (np.int32, np.int64) else np.dtype(np.int64)
         if len(data) > np.iinfo(idx).max:
             idx = np.dtype(np.int64)
-        return sparse.csr_matrix((data, indices.astype(idx, copy=False), indptr.astype(idx, copy=False)),
-                                 shape=(len(indptr) - 1, int(sc["num_docs"])), copy=False)
+        return sparse.csr_matrix(
+            (data, indices.astype(idx, copy=False), indptr.astype(idx, copy=False)),
+            shape=(len(indptr) - 1, int(sc["num_docs"])),
+            copy=False,
+        )
 
     def _token_ids(self, tokens: list[str]) -> list[int]:
         # The vocab may hold "" (bm25s' empty token) past the matrix's last row: drop it too.
@@ -104,19 +107,22 @@ class BM25Retriever:
         nonocc = self.model.nonoccurrence_array  # BM25L / BM25+: a constant added to every doc
         out_idx, out_scores = [], []
         for start in range(0, len(tokens), CHUNK):
-            ids = [self._token_ids(t) for t in tokens[start:start + CHUNK]]
+            ids = [self._token_ids(t) for t in tokens[start : start + CHUNK]]
             lengths = np.fromiter((len(q) for q in ids), dtype=matrix.indptr.dtype, count=len(ids))
             q_indptr = np.zeros(len(ids) + 1, dtype=matrix.indptr.dtype)
             np.cumsum(lengths, out=q_indptr[1:])
             q_indices = np.fromiter((i for q in ids for i in q), dtype=matrix.indices.dtype, count=int(q_indptr[-1]))
             # Duplicates stay separate entries in query order: scipy then sums exactly as bm25s does.
-            query = sparse.csr_matrix((np.ones(len(q_indices), dtype=dtype), q_indices, q_indptr),
-                                      shape=(len(ids), matrix.shape[0]), copy=False)
+            query = sparse.csr_matrix(
+                (np.ones(len(q_indices), dtype=dtype), q_indices, q_indptr),
+                shape=(len(ids), matrix.shape[0]),
+                copy=False,
+            )
             product = query @ matrix  # CSR, only the documents that match a query token
             p_data, p_cols, p_ptr = product.data, product.indices, product.indptr
             for r, q in enumerate(ids):
                 seed = zlib.crc32(" ".join(tokens[start + r]).encode())
-                vals, cols = p_data[p_ptr[r]:p_ptr[r + 1]], p_cols[p_ptr[r]:p_ptr[r + 1]]
+                vals, cols = p_data[p_ptr[r] : p_ptr[r + 1]], p_cols[p_ptr[r] : p_ptr[r + 1]]
                 base = dtype.type(0)
                 if nonocc is not None and q:  # as bm25s: scores += nonoccurrence_array[ids].sum()
                     extra = nonocc[np.asarray(q)].sum()
@@ -139,10 +145,25 @@ class BM25Retriever:
         return out_idx, out_scores
 
     @classmethod
-    def build(cls, docs: list[dict], stopwords: str | None = "en", stemmer: str | None = None,
-              k1: float = 1.5, b: float = 0.75, method: str = "lucene"):
-        settings = {"backend": "bm25", "stopwords": stopwords, "stemmer": stemmer, "k1": k1, "b": b,
-                    "method": method, "lower": True, "num_docs": len(docs)}
+    def build(
+        cls,
+        docs: list[dict],
+        stopwords: str | None = "en",
+        stemmer: str | None = None,
+        k1: float = 1.5,
+        b: float = 0.75,
+        method: str = "lucene",
+    ):
+        settings = {
+            "backend": "bm25",
+            "stopwords": stopwords,
+            "stemmer": stemmer,
+            "k1": k1,
+            "b": b,
+            "method": method,
+            "lower": True,
+            "num_docs": len(docs),
+        }
         texts = [f"{d['title']} {d['text']}" for d in docs]
         tokens = bm25s.tokenize(texts, stopwords=stopwords, stemmer=_stemmer(stemmer), show_progress=False)
         model = bm25s.BM25(k1=k1, b=b, method=method)
@@ -165,13 +186,22 @@ class BM25Retriever:
         if not queries:
             return []
         k = min(k, len(self.docs))
-        tokens = bm25s.tokenize(list(queries), stopwords=self.settings["stopwords"],
-                                stemmer=_stemmer(self.settings["stemmer"]), return_ids=False, show_progress=False)
+        tokens = bm25s.tokenize(
+            list(queries),
+            stopwords=self.settings["stopwords"],
+            stemmer=_stemmer(self.settings["stemmer"]),
+            return_ids=False,
+            show_progress=False,
+        )
         if k <= 0:
             return [[] for _ in queries]
         idx, scores = self._scores(tokens, k)
         out = []
         for row_idx, row_scores in zip(idx, scores):
-            out.append([Hit(self.docs[i]["id"], float(s), self.docs[i]["title"], self.docs[i]["text"])
-                        for i, s in zip(row_idx.tolist(), row_scores.tolist())])
+            out.append(
+                [
+                    Hit(self.docs[i]["id"], float(s), self.docs[i]["title"], self.docs[i]["text"])
+                    for i, s in zip(row_idx.tolist(), row_scores.tolist())
+                ]
+            )
         return out

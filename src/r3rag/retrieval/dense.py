@@ -73,14 +73,15 @@ class Encoder:
         out = np.zeros((len(texts), self.model.config.hidden_size), dtype=np.float32)
         with _progress(len(texts) if progress else 0) as advance:
             for start in range(0, len(texts), batch_size):
-                idx = order[start:start + batch_size]
+                idx = order[start : start + batch_size]
                 out[idx] = self._embed([texts[i] for i in idx], normalize)
                 advance(len(idx))
         return out
 
     def _embed(self, texts: list[str], normalize: bool) -> np.ndarray:
-        batch = self.tokenizer(texts, padding=True, truncation=True, max_length=self.max_length,
-                               return_tensors="pt").to(self.device)
+        batch = self.tokenizer(
+            texts, padding=True, truncation=True, max_length=self.max_length, return_tensors="pt"
+        ).to(self.device)
         hidden = self.model(**batch).last_hidden_state.float()
         if self.pooling == "cls":
             emb = hidden[:, 0]
@@ -140,16 +141,37 @@ class DenseRetriever:
             faiss.extract_index_ivf(index).nprobe = settings["nprobe"]
 
     @classmethod
-    def build(cls, docs: list[dict], encoder: str = "", pooling: str = "mean", query_prefix: str = "",
-              passage_prefix: str = "", normalize: bool = True, index_type: str = "flat", max_length: int = 256,
-              batch_size: int = 64, device: str | None = None):
+    def build(
+        cls,
+        docs: list[dict],
+        encoder: str = "",
+        pooling: str = "mean",
+        query_prefix: str = "",
+        passage_prefix: str = "",
+        normalize: bool = True,
+        index_type: str = "flat",
+        max_length: int = 256,
+        batch_size: int = 64,
+        device: str | None = None,
+    ):
         if index_type not in INDEX_TYPES:
             raise UserError(f"dense index_type {index_type!r}: expected one of {', '.join(INDEX_TYPES)}")
         enc = Encoder(encoder, pooling, max_length, device)
-        settings = {"backend": "dense", "encoder": encoder or DEFAULT_ENCODER, "pooling": pooling,
-                    "query_prefix": query_prefix, "passage_prefix": passage_prefix, "normalize": normalize,
-                    "index_type": index_type, "max_length": max_length, "batch_size": batch_size,
-                    "hnsw_m": 32, "ef_search": 128, "nprobe": 32, "num_docs": len(docs)}
+        settings = {
+            "backend": "dense",
+            "encoder": encoder or DEFAULT_ENCODER,
+            "pooling": pooling,
+            "query_prefix": query_prefix,
+            "passage_prefix": passage_prefix,
+            "normalize": normalize,
+            "index_type": index_type,
+            "max_length": max_length,
+            "batch_size": batch_size,
+            "hnsw_m": 32,
+            "ef_search": 128,
+            "nprobe": 32,
+            "num_docs": len(docs),
+        }
         texts = [f"{passage_prefix}{d['title']} {d['text']}" for d in docs]
         emb = enc.encode(texts, batch_size, normalize, progress=len(docs) >= PROGRESS_MIN_DOCS)
         settings["dim"] = int(emb.shape[1])
@@ -180,6 +202,11 @@ class DenseRetriever:
         if s["index_type"] == "hnsw":
             self.index.hnsw.efSearch = max(s["ef_search"], k)
         scores, ids = self.index.search(q, k)
-        return [[Hit(self.docs[i]["id"], float(sc), self.docs[i]["title"], self.docs[i]["text"])
-                 for i, sc in zip(row_ids.tolist(), row_sc.tolist()) if i >= 0]
-                for row_ids, row_sc in zip(ids, scores)]
+        return [
+            [
+                Hit(self.docs[i]["id"], float(sc), self.docs[i]["title"], self.docs[i]["text"])
+                for i, sc in zip(row_ids.tolist(), row_sc.tolist())
+                if i >= 0
+            ]
+            for row_ids, row_sc in zip(ids, scores)
+        ]

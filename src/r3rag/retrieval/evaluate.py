@@ -27,8 +27,9 @@ from r3rag.protocol import Hit
 
 def load_hop_queries(path: str | Path) -> dict[str, list[str]]:
     """{question id: [query, ...]} from JSONL rows `{"id", "queries"}`; errors name file:line."""
-    rows = unique_by_id((f"{path}:{n}", _hops_row(row, f"{path}:{n}"))
-                        for n, row in iter_numbered(path, required=("id", "queries")))
+    rows = unique_by_id(
+        (f"{path}:{n}", _hops_row(row, f"{path}:{n}")) for n, row in iter_numbered(path, required=("id", "queries"))
+    )
     if not rows:
         raise UserError(f"{path}: file is empty")
     return {r["id"]: r["queries"] for r in rows}
@@ -48,8 +49,13 @@ def gold_titles(question: dict) -> set[str]:
     return titles
 
 
-def retrieval_metrics(retriever, questions: list[dict], ks=(1, 3, 5, 10), hop_queries: list[list[str]] | None = None,
-                      batch_size: int = 256) -> dict:
+def retrieval_metrics(
+    retriever,
+    questions: list[dict],
+    ks=(1, 3, 5, 10),
+    hop_queries: list[list[str]] | None = None,
+    batch_size: int = 256,
+) -> dict:
     kmax = max(ks)
     corpus_titles = {d["title"] for d in retriever.docs}
     golds = [gold_titles(q) & corpus_titles for q in questions]
@@ -70,7 +76,7 @@ def retrieval_metrics(retriever, questions: list[dict], ks=(1, 3, 5, 10), hop_qu
 def _search(queries: list[str], retriever, k: int, batch_size: int) -> list[list[Hit]]:
     out = []
     for start in range(0, len(queries), batch_size):
-        out.extend(retriever.search(queries[start:start + batch_size], k))
+        out.extend(retriever.search(queries[start : start + batch_size], k))
     return out
 
 

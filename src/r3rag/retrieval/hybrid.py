@@ -37,11 +37,18 @@ class HybridRetriever:
         self.sparse, self.dense, self.docs, self.settings = sparse, dense, docs, settings
 
     @classmethod
-    def build(cls, docs: list[dict], bm25: dict | None = None, dense: dict | None = None,
-              rrf_k: int = 60, candidates: int = 20):
+    def build(
+        cls,
+        docs: list[dict],
+        bm25: dict | None = None,
+        dense: dict | None = None,
+        rrf_k: int = 60,
+        candidates: int = 20,
+    ):
         settings = {"backend": "hybrid", "rrf_k": rrf_k, "candidates": candidates, "num_docs": len(docs)}
-        return cls(BM25Retriever.build(docs, **(bm25 or {})), DenseRetriever.build(docs, **(dense or {})),
-                   docs, settings)
+        return cls(
+            BM25Retriever.build(docs, **(bm25 or {})), DenseRetriever.build(docs, **(dense or {})), docs, settings
+        )
 
     def save(self, index_dir: Path) -> None:
         index_dir.mkdir(parents=True, exist_ok=True)
@@ -53,8 +60,12 @@ class HybridRetriever:
     @classmethod
     def load(cls, index_dir: Path):
         settings = json.loads((index_dir / "settings.json").read_text())
-        return cls(BM25Retriever.load(index_dir / "bm25"), DenseRetriever.load(index_dir / "dense"),
-                   read_jsonl(index_dir / "docs.jsonl"), settings)
+        return cls(
+            BM25Retriever.load(index_dir / "bm25"),
+            DenseRetriever.load(index_dir / "dense"),
+            read_jsonl(index_dir / "docs.jsonl"),
+            settings,
+        )
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         if not queries:

@@ -24,8 +24,13 @@ from r3rag.retrieval.bm25 import _stemmer, bm25s
 
 
 def _tokenize(texts: list[str], settings: dict) -> list[list[str]]:
-    return bm25s.tokenize(list(texts), stopwords=settings["stopwords"], stemmer=_stemmer(settings["stemmer"]),
-                          return_ids=False, show_progress=False)
+    return bm25s.tokenize(
+        list(texts),
+        stopwords=settings["stopwords"],
+        stemmer=_stemmer(settings["stemmer"]),
+        return_ids=False,
+        show_progress=False,
+    )
 
 
 class RankBM25Retriever:
@@ -33,10 +38,25 @@ class RankBM25Retriever:
         self.model, self.docs, self.settings = model, docs, settings
 
     @classmethod
-    def build(cls, docs: list[dict], stopwords: str | None = "en", stemmer: str | None = None,
-              k1: float = 1.5, b: float = 0.75, epsilon: float = 0.25):
-        settings = {"backend": "rank-bm25", "stopwords": stopwords, "stemmer": stemmer, "k1": k1, "b": b,
-                    "epsilon": epsilon, "lower": True, "num_docs": len(docs)}
+    def build(
+        cls,
+        docs: list[dict],
+        stopwords: str | None = "en",
+        stemmer: str | None = None,
+        k1: float = 1.5,
+        b: float = 0.75,
+        epsilon: float = 0.25,
+    ):
+        settings = {
+            "backend": "rank-bm25",
+            "stopwords": stopwords,
+            "stemmer": stemmer,
+            "k1": k1,
+            "b": b,
+            "epsilon": epsilon,
+            "lower": True,
+            "num_docs": len(docs),
+        }
         tokens = _tokenize([f"{d['title']} {d['text']}" for d in docs], settings)
         return cls(BM25Okapi(tokens, k1=k1, b=b, epsilon=epsilon), docs, settings)
 
@@ -50,8 +70,14 @@ class RankBM25Retriever:
     @classmethod
     def load(cls, index_dir: Path):
         s = json.loads((index_dir / "settings.json").read_text())
-        return cls.build(read_jsonl(index_dir / "docs.jsonl"), stopwords=s["stopwords"], stemmer=s["stemmer"],
-                         k1=s["k1"], b=s["b"], epsilon=s["epsilon"])
+        return cls.build(
+            read_jsonl(index_dir / "docs.jsonl"),
+            stopwords=s["stopwords"],
+            stemmer=s["stemmer"],
+            k1=s["k1"],
+            b=s["b"],
+            epsilon=s["epsilon"],
+        )
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         if not queries:
@@ -61,6 +87,10 @@ class RankBM25Retriever:
         for tokens in _tokenize(queries, self.settings):
             scores = self.model.get_scores(tokens)
             top = np.argsort(-scores, kind="stable")[:k]  # stable: ties keep corpus order
-            out.append([Hit(self.docs[i]["id"], float(scores[i]), self.docs[i]["title"], self.docs[i]["text"])
-                        for i in top.tolist()])
+            out.append(
+                [
+                    Hit(self.docs[i]["id"], float(scores[i]), self.docs[i]["title"], self.docs[i]["text"])
+                    for i in top.tolist()
+                ]
+            )
         return out

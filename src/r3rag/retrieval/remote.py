@@ -32,8 +32,9 @@ class RemoteRetriever:
     concurrent caller). Plain `http.client`, not httpx: at batch 64 httpx's own per-request
     work costs about as much CPU as the server's search (benchmarks/retrieval.py)."""
 
-    def __init__(self, url: str, timeout: float = 30, retries: int = 3, backoff: float = 0.5,
-                 max_batch: int | None = None):
+    def __init__(
+        self, url: str, timeout: float = 30, retries: int = 3, backoff: float = 0.5, max_batch: int | None = None
+    ):
         self.url, self.retries, self.backoff = url.rstrip("/"), retries, backoff
         self.max_batch, self.timeout = max_batch, timeout
         parts = urlsplit(self.url)
@@ -50,7 +51,7 @@ class RemoteRetriever:
         step = self._max_batch()
         out: list[list[Hit]] = []
         for lo in range(0, len(queries), step):
-            payload = {"queries": list(queries[lo: lo + step]), "topk": k, "return_scores": True}
+            payload = {"queries": list(queries[lo : lo + step]), "topk": k, "return_scores": True}
             out.extend([_hit(r) for r in row] for row in self._request("POST", "/retrieve", payload)["result"])
         return out
 

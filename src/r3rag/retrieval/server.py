@@ -127,13 +127,20 @@ class Batcher:
         lo = 0
         for qs, k_req, fut in batch:
             if not fut.done():  # the client may have gone away
-                fut.set_result([row[:k_req] for row in rows[lo: lo + len(qs)]])
+                fut.set_result([row[:k_req] for row in rows[lo : lo + len(qs)]])
             lo += len(qs)
 
 
-def make_app(retriever, max_batch: int = 512, max_topk: int = 100, max_query_chars: int = 2000,
-             max_body_bytes: int | None = None, window_s: float = 0.003, batch_queries: int = 1024,
-             body_timeout: float = 10.0) -> FastAPI:
+def make_app(
+    retriever,
+    max_batch: int = 512,
+    max_topk: int = 100,
+    max_query_chars: int = 2000,
+    max_body_bytes: int | None = None,
+    window_s: float = 0.003,
+    batch_queries: int = 1024,
+    body_timeout: float = 10.0,
+) -> FastAPI:
     """The FastAPI app; `max_body_bytes` defaults to what max_batch maximal queries can need."""
     if max_body_bytes is None:
         max_body_bytes = max_batch * (6 * max_query_chars + 8) + 4096  # a char is at most 6 bytes escaped
@@ -154,9 +161,14 @@ def make_app(retriever, max_batch: int = 512, max_topk: int = 100, max_query_cha
     async def health():
         docs = getattr(retriever, "docs", None)
         settings = getattr(retriever, "settings", {}) or {}
-        return {"status": "ok", "docs": len(docs) if docs is not None else settings.get("num_docs"),
-                "backend": settings.get("backend", type(retriever).__name__), **limits,
-                **stats, "searches": batcher.searches}
+        return {
+            "status": "ok",
+            "docs": len(docs) if docs is not None else settings.get("num_docs"),
+            "backend": settings.get("backend", type(retriever).__name__),
+            **limits,
+            **stats,
+            "searches": batcher.searches,
+        }
 
     async def retrieve(scope, receive, send) -> None:
         """POST /retrieve as a bare ASGI handler (see FastRoutes): FastAPI's routing, request
@@ -259,8 +271,15 @@ def _validate(body, max_batch: int, max_topk: int, max_query_chars: int) -> tupl
     return queries, topk, with_scores
 
 
-def serve(index_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, log_level: str = "warning",
-          header_timeout: float = 10.0, max_connections: int = MAX_CONNECTIONS, **limits) -> None:
+def serve(
+    index_dir: str | Path,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    log_level: str = "warning",
+    header_timeout: float = 10.0,
+    max_connections: int = MAX_CONNECTIONS,
+    **limits,
+) -> None:
     """Load the index in `index_dir` and serve it until interrupted."""
     import uvicorn
 
@@ -269,8 +288,11 @@ def serve(index_dir: str | Path, host: str = "127.0.0.1", port: int = 8000, log_
     sock = _bind(host, port)  # before loading, so a taken port fails fast
     retriever = load_retriever(index_dir)
     app = make_app(retriever, **limits)
-    print(f"serving {index_dir} ({len(getattr(retriever, 'docs', []))} docs) at http://{host}:{port} "
-          "(Ctrl-C stops)", file=sys.stderr, flush=True)
+    print(
+        f"serving {index_dir} ({len(getattr(retriever, 'docs', []))} docs) at http://{host}:{port} (Ctrl-C stops)",
+        file=sys.stderr,
+        flush=True,
+    )
     uvicorn.Server(_config(app, log_level, header_timeout, max_connections)).run(sockets=[sock])
 
 
@@ -278,15 +300,28 @@ def _config(app, log_level: str, header_timeout: float, max_connections: int):
     import uvicorn
 
     app, http = with_header_deadline(app, header_timeout)
-    return uvicorn.Config(app, http=http, log_level=log_level, access_log=False, lifespan="on", proxy_headers=False,
-                          ws="none",  # no websocket routes; and an upgrade would swap HeaderDeadline out
-                          h11_max_incomplete_event_size=MAX_HEADER_BYTES, limit_concurrency=max_connections,
-                          timeout_keep_alive=5)
+    return uvicorn.Config(
+        app,
+        http=http,
+        log_level=log_level,
+        access_log=False,
+        lifespan="on",
+        proxy_headers=False,
+        ws="none",  # no websocket routes; and an upgrade would swap HeaderDeadline out
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        limit_concurrency=max_connections,
+        timeout_keep_alive=5,
+    )
 
 
 @contextlib.contextmanager
-def running(app: FastAPI, host: str = "127.0.0.1", port: int = 0, header_timeout: float = 10.0,
-            max_connections: int = MAX_CONNECTIONS):
+def running(
+    app: FastAPI,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    header_timeout: float = 10.0,
+    max_connections: int = MAX_CONNECTIONS,
+):
     """Serve `app` from a background thread; yields its base URL and stops it on exit."""
     import uvicorn
 

@@ -106,8 +106,16 @@ def _fresh_model(cfg: Config, world_ref):
 
     vocab = (world_ref.path / "vocab.txt").read_text().split()
     tokenizer = modeling.train_word_tokenizer([" ".join(vocab), "Question :"])
-    model = modeling.tiny_model(tokenizer, cfg.arch, cfg.layers, cfg.hidden, cfg.heads, cfg.intermediate,
-                                max_positions=max(cfg.max_length, 1024), seed=cfg.seed)
+    model = modeling.tiny_model(
+        tokenizer,
+        cfg.arch,
+        cfg.layers,
+        cfg.hidden,
+        cfg.heads,
+        cfg.intermediate,
+        max_positions=max(cfg.max_length, 1024),
+        seed=cfg.seed,
+    )
     return tokenizer, model
 
 
@@ -116,7 +124,7 @@ def pack(texts: list[str], tokenizer, length: int) -> list[list[int]]:
     stream: list[int] = []
     for t in texts:
         stream += tokenizer.encode(t, add_special_tokens=False) + [tokenizer.eos_token_id]
-    return [stream[i: i + length] for i in range(0, len(stream) - length + 1, length)]
+    return [stream[i : i + length] for i in range(0, len(stream) - length + 1, length)]
 
 
 def train_lm(model, tokenizer, texts: list[str], cfg: Config, out_dir) -> dict:
@@ -131,14 +139,30 @@ def train_lm(model, tokenizer, texts: list[str], cfg: Config, out_dir) -> dict:
         raise UserError(f"base: the fresh worlds' text is shorter than one sequence of {cfg.max_length} tokens")
     ds = Dataset.from_dict({"input_ids": seqs, "labels": seqs})
     args = SFTConfig(
-        output_dir=str(out_dir), num_train_epochs=cfg.epochs, per_device_train_batch_size=cfg.batch_size,
-        learning_rate=cfg.lr, lr_scheduler_type="cosine", warmup_steps=cfg.warmup_ratio, logging_steps=20,
-        save_strategy="no", report_to=[], seed=cfg.seed, max_length=cfg.max_length,
-        dataloader_num_workers=0, disable_tqdm=False, **checkpointing_flag(False), **device_flags(cfg.bf16),
+        output_dir=str(out_dir),
+        num_train_epochs=cfg.epochs,
+        per_device_train_batch_size=cfg.batch_size,
+        learning_rate=cfg.lr,
+        lr_scheduler_type="cosine",
+        warmup_steps=cfg.warmup_ratio,
+        logging_steps=20,
+        save_strategy="no",
+        report_to=[],
+        seed=cfg.seed,
+        max_length=cfg.max_length,
+        dataloader_num_workers=0,
+        disable_tqdm=False,
+        **checkpointing_flag(False),
+        **device_flags(cfg.bf16),
     )
     trainer = FastSFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tokenizer)
     result = trainer.train()
     n_tokens = len(seqs) * cfg.max_length
-    return {"model": trainer.model, "train_loss": round(result.training_loss, 4), "tokens_per_epoch": n_tokens,
-            "steps": result.global_step, "parameters": sum(p.numel() for p in trainer.model.parameters()),
-            "tokens_per_second": round(n_tokens * cfg.epochs / max(result.metrics["train_runtime"], 1e-9), 1)}
+    return {
+        "model": trainer.model,
+        "train_loss": round(result.training_loss, 4),
+        "tokens_per_epoch": n_tokens,
+        "steps": result.global_step,
+        "parameters": sum(p.numel() for p in trainer.model.parameters()),
+        "tokens_per_second": round(n_tokens * cfg.epochs / max(result.metrics["train_runtime"], 1e-9), 1),
+    }

@@ -28,8 +28,6 @@ from r3rag.errors import UserError
 from r3rag.jsonl import iter_numbered, unique_by_id
 
 
-
-
 @dataclass
 class Context:
     runs_dir: Path = field(default_factory=default_runs_dir)
@@ -69,14 +67,23 @@ class Context:
         return w.ref
 
     def progress(self) -> Progress:
-        return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=self.console, transient=True)
+        return Progress(
+            TextColumn("{task.description}"),
+            BarColumn(),
+            MofNCompleteColumn(),
+            TimeElapsedColumn(),
+            console=self.console,
+            transient=True,
+        )
 
 
 def resolve_inputs(cfg, input_fields: dict[str, str], ctx: Context) -> dict[str, ArtifactRef]:
     """Resolve every input field that is set (an empty string means "not used")."""
-    return {f: file_input(getattr(cfg, f)) if stage == FILE else resolve(getattr(cfg, f), stage, ctx.runs_dir)
-            for f, stage in input_fields.items() if getattr(cfg, f)}
+    return {
+        f: file_input(getattr(cfg, f)) if stage == FILE else resolve(getattr(cfg, f), stage, ctx.runs_dir)
+        for f, stage in input_fields.items()
+        if getattr(cfg, f)
+    }
 
 
 def model_ref(value: str, ctx: Context) -> ArtifactRef | None:
@@ -89,8 +96,9 @@ def model_ref(value: str, ctx: Context) -> ArtifactRef | None:
     return None
 
 
-def add_model_input(value: str, inputs: dict[str, ArtifactRef], input_fields: dict[str, str], ctx: Context,
-                    key: str = "model") -> dict[str, str]:
+def add_model_input(
+    value: str, inputs: dict[str, ArtifactRef], input_fields: dict[str, str], ctx: Context, key: str = "model"
+) -> dict[str, str]:
     """Record a `model` artifact named by config field `key` as an input (its content hash, not its
     name, then enters the artifact id); returns the input fields for `ctx.writer`."""
     ref = model_ref(value, ctx)

@@ -93,21 +93,34 @@ def run(cfg: Config, ctx: Context):
     inputs = resolve_inputs(cfg, needed_inputs(cfg, specs), ctx)
     # Built-ins name the sft/rl inputs, resolved (and content-hashed) above: not again here.
     resolved = {getattr(cfg, f): inputs[f] for f in ("sft", "rl") if f in inputs}
-    policies = {label: resolved.get(s.model) or resolve_policy(s.model, ctx) for label, s in specs.items()
-                if s.model and not s.endpoint and is_policy_artifact(s.model)}
+    policies = {
+        label: resolved.get(s.model) or resolve_policy(s.model, ctx)
+        for label, s in specs.items()
+        if s.model and not s.endpoint and is_policy_artifact(s.model)
+    }
     retrievers = retriever_refs(cfg, inputs, ctx)
     imported = model_artifacts(specs, ctx)  # `model: model:latest`: load its model/, hash its content
-    specs = {label: dataclasses.replace(s, model=model_location(s.model, {"model": imported[label]}))
-             if label in imported else s for label, s in specs.items()}
-    all_inputs = {**inputs, **{f"model:{k}": v for k, v in {**policies, **imported}.items() if k not in BUILTINS},
-                  **{f"retriever:{k}": v for k, v in retrievers.items() if isinstance(v, ArtifactRef)}}
+    specs = {
+        label: dataclasses.replace(s, model=model_location(s.model, {"model": imported[label]}))
+        if label in imported
+        else s
+        for label, s in specs.items()
+    }
+    all_inputs = {
+        **inputs,
+        **{f"model:{k}": v for k, v in {**policies, **imported}.items() if k not in BUILTINS},
+        **{f"retriever:{k}": v for k, v in retrievers.items() if isinstance(v, ArtifactRef)},
+    }
     writer = ctx.writer("eval", cfg, all_inputs, INPUTS)
     if writer.existing:
         print_table(json.loads((writer.existing.path / "metrics.json").read_text()), ctx.console)
         return ctx.skipped(writer)
     set_threads(cfg.threads)
-    questions = (load_questions(inputs["questions"].path, limit=cfg.limit) if "questions" in inputs else
-                 read_jsonl(inputs["world"].path / f"{cfg.split}.jsonl", required=("id", "question", "golden_answers")))
+    questions = (
+        load_questions(inputs["questions"].path, limit=cfg.limit)
+        if "questions" in inputs
+        else read_jsonl(inputs["world"].path / f"{cfg.split}.jsonl", required=("id", "question", "golden_answers"))
+    )
     questions = questions[: cfg.limit] if cfg.limit else questions
     judge = AnswerJudge.from_spec(cfg.judge) if cfg.judge.endpoint else None
     check_vllm_weights(cfg, specs, policies)
@@ -116,19 +129,35 @@ def run(cfg: Config, ctx: Context):
         t0 = time.time()
         results, predictions = {}, []
         for label, spec in specs.items():
-            system = load_system(label, spec, policies[label].path if label in policies else None, cfg.batch_size,
-                                 cfg.static_cache, cfg.backend, engines)
+            system = load_system(
+                label,
+                spec,
+                policies[label].path if label in policies else None,
+                cfg.batch_size,
+                cfg.static_cache,
+                cfg.backend,
+                engines,
+            )
             for r_label, r_ref in (retrievers if system.mode != "gold" else {"": None}).items():
                 name = f"{label}@{r_label}" if len(retrievers) > 1 and system.mode != "gold" else label
-                retriever = (None if system.mode == "direct" else
-                             gold_retriever(inputs, questions) if system.mode == "gold" else _open(r_ref))
+                retriever = (
+                    None
+                    if system.mode == "direct"
+                    else gold_retriever(inputs, questions)
+                    if system.mode == "gold"
+                    else _open(r_ref)
+                )
                 rows, seconds = evaluate_system(system, questions, retriever, cfg, ctx, name)
                 if judge is not None:
-                    for row, ok in zip(rows, judge.judge_many([(r["question"], r["golden_answers"], r["answer"])
-                                                               for r in rows])):
+                    for row, ok in zip(
+                        rows, judge.judge_many([(r["question"], r["golden_answers"], r["answer"]) for r in rows])
+                    ):
                         row["judge"] = ok
-                results[name] = {**summarize(rows), "seconds": round(seconds, 2),
-                                 "questions_per_s": round(len(questions) / seconds, 2) if seconds else None}
+                results[name] = {
+                    **summarize(rows),
+                    "seconds": round(seconds, 2),
+                    "questions_per_s": round(len(questions) / seconds, 2) if seconds else None,
+                }
                 predictions.extend(rows)
         write_jsonl(writer.dir / "predictions.jsonl", predictions)
         seconds = stage_seconds(inputs)
@@ -155,20 +184,28 @@ def model_artifacts(specs: dict[str, SystemSpec], ctx: Context) -> dict[str, Art
     """The systems whose `model` names a `model` artifact (r3rag import-model), resolved."""
     names = {s.model for s in specs.values() if s.model and not s.endpoint}
     resolved = {name: model_ref(name, ctx) for name in names}  # once per name: resolving hashes the weights
-    return {label: resolved[s.model] for label, s in specs.items()
-            if s.model in resolved and resolved[s.model] is not None and not s.endpoint}
+    return {
+        label: resolved[s.model]
+        for label, s in specs.items()
+        if s.model in resolved and resolved[s.model] is not None and not s.endpoint
+    }
 
 
 def check_vllm_weights(cfg: Config, specs: dict[str, SystemSpec], policies: dict) -> None:
     """`backend: vllm` runs one set of weights per eval: a vLLM engine takes most of the GPU's memory."""
     if cfg.backend != "vllm":
         return
-    weights = {label: weights_source(spec, policies[label].path if label in policies else None)
-               for label, spec in specs.items() if not spec.endpoint and not spec.scripted}
+    weights = {
+        label: weights_source(spec, policies[label].path if label in policies else None)
+        for label, spec in specs.items()
+        if not spec.endpoint and not spec.scripted
+    }
     if len(set(weights.values())) > 1:
-        raise UserError(f"eval.backend=vllm: one set of weights per eval (each vLLM engine takes most of the GPU); "
-                        f"these systems use {len(set(weights.values()))}: {', '.join(weights)}. "
-                        "Run one eval per model (e.g. systems=[rl]), or backend=transformers")
+        raise UserError(
+            f"eval.backend=vllm: one set of weights per eval (each vLLM engine takes most of the GPU); "
+            f"these systems use {len(set(weights.values()))}: {', '.join(weights)}. "
+            "Run one eval per model (e.g. systems=[rl]), or backend=transformers"
+        )
 
 
 def system_specs(cfg: Config) -> dict[str, SystemSpec]:
@@ -187,8 +224,9 @@ def system_specs(cfg: Config) -> dict[str, SystemSpec]:
             specs[name] = SystemSpec(model=getattr(cfg, policy), mode=BUILTINS[name])
         else:
             known = list(BUILTINS) + list(cfg.models)
-            raise UserError(f"eval.systems: unknown system {name!r} (available: {', '.join(known)}; "
-                            "define more under eval.models)")
+            raise UserError(
+                f"eval.systems: unknown system {name!r} (available: {', '.join(known)}; define more under eval.models)"
+            )
     unused = sorted(set(cfg.models) - set(cfg.systems))
     if unused:
         raise UserError(f"eval.models: {unused[0]!r} is defined but not listed in eval.systems")
@@ -197,8 +235,11 @@ def system_specs(cfg: Config) -> dict[str, SystemSpec]:
 
 def needed_inputs(cfg: Config, specs: dict[str, SystemSpec]) -> dict[str, str]:
     needed = {"questions"} if cfg.questions else {"world"}
-    needed |= {name for name in ("sft", "rl") if any(s.model == getattr(cfg, name) and getattr(cfg, name)
-                                                     for s in specs.values())}
+    needed |= {
+        name
+        for name in ("sft", "rl")
+        if any(s.model == getattr(cfg, name) and getattr(cfg, name) for s in specs.values())
+    }
     if any(s.mode == "gold" for s in specs.values()) and "world" not in needed:
         raise UserError("eval: mode gold reads the gold documents from the world's corpus; use the world's questions")
     if not cfg.retrievers and not is_url(cfg.retriever) and any(s.mode in ("rag", "iterative") for s in specs.values()):
@@ -246,8 +287,9 @@ def resolve_policy(ref: str, ctx: Context) -> ArtifactRef:
     return resolve(ref, stage, ctx.runs_dir)
 
 
-def evaluate_system(system: System, questions: list[dict], retriever, cfg: Config, ctx: Context,
-                    label: str) -> tuple[list[dict], float]:
+def evaluate_system(
+    system: System, questions: list[dict], retriever, cfg: Config, ctx: Context, label: str
+) -> tuple[list[dict], float]:
     """Prediction rows (one per question and sample) and the wall seconds they took."""
     top_k = getattr(system, "top_k", 0) or cfg.top_k  # a system's own depth (rag3, rag5) wins over eval's
     mode = "rag" if system.mode == "gold" else system.mode  # the gold retriever stands in for the search
@@ -260,7 +302,7 @@ def evaluate_system(system: System, questions: list[dict], retriever, cfg: Confi
         for sample in range(n_samples):
             gen = system.make_generator(cfg.temperature, cfg.seed + sample)
             for lo in range(0, len(questions), chunk):
-                batch = questions[lo: lo + chunk]
+                batch = questions[lo : lo + chunk]
                 trajs = run_rollouts(batch, gen, retriever, system.protocol, env_cfg, system.tokenizer)
                 rows += [to_prediction(label, t, q, sample) for t, q in zip(trajs, batch)]
                 progress.advance(task, len(batch))

@@ -78,17 +78,30 @@ def run(cfg: Config, ctx: Context):
     with writer:
         t0 = time.time()
         build(cfg, docs).save(writer.dir / "index")
-        writer.metrics.update({"docs": len(docs), "build_seconds": round(time.time() - t0, 3),
-                               "corpus": str(corpus_path), "corpus_sha256": sha})
+        writer.metrics.update(
+            {
+                "docs": len(docs),
+                "build_seconds": round(time.time() - t0, 3),
+                "corpus": str(corpus_path),
+                "corpus_sha256": sha,
+            }
+        )
     return ctx.done(writer)
 
 
 def build(cfg: Config, docs: list[dict]):
     """The configured backend's retriever over docs."""
     bm25 = {"stopwords": cfg.stopwords, "stemmer": cfg.stemmer, "k1": cfg.k1, "b": cfg.b}
-    dense = {"encoder": cfg.encoder, "pooling": cfg.pooling, "query_prefix": cfg.query_prefix,
-             "passage_prefix": cfg.passage_prefix, "normalize": cfg.normalize, "index_type": cfg.index_type,
-             "max_length": cfg.max_length, "batch_size": cfg.batch_size}
+    dense = {
+        "encoder": cfg.encoder,
+        "pooling": cfg.pooling,
+        "query_prefix": cfg.query_prefix,
+        "passage_prefix": cfg.passage_prefix,
+        "normalize": cfg.normalize,
+        "index_type": cfg.index_type,
+        "max_length": cfg.max_length,
+        "batch_size": cfg.batch_size,
+    }
     match cfg.backend:
         case "bm25":
             from r3rag.retrieval.bm25 import BM25Retriever

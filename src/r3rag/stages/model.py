@@ -113,11 +113,16 @@ def _lineage(gguf, source, model, tokenizer, dtype: str, seconds: float) -> dict
     from r3rag.model_import import gguf_architecture
 
     return {
-        "source_file": str(gguf.resolve()), "source_sha256": source.manifest["content_hash"],
-        "source_bytes": gguf.stat().st_size, "gguf_architecture": gguf_architecture(gguf),
-        "model_class": type(model).__name__, "dtype": dtype,
+        "source_file": str(gguf.resolve()),
+        "source_sha256": source.manifest["content_hash"],
+        "source_bytes": gguf.stat().st_size,
+        "gguf_architecture": gguf_architecture(gguf),
+        "model_class": type(model).__name__,
+        "dtype": dtype,
         "parameters": sum(p.numel() for p in model.parameters()),
-        "vocab_size": len(tokenizer), "chat_template": bool(getattr(tokenizer, "chat_template", None)),
-        "eos_token": tokenizer.eos_token, "pad_token": tokenizer.pad_token,
+        "vocab_size": len(tokenizer),
+        "chat_template": bool(getattr(tokenizer, "chat_template", None)),
+        "eos_token": tokenizer.eos_token,
+        "pad_token": tokenizer.pad_token,
         "import_seconds": round(seconds, 1),
     }

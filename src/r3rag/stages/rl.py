@@ -53,11 +53,18 @@ from r3rag.jsonl import read_jsonl
 from r3rag.protocol import DocStyle, Protocol, Template
 from r3rag.retrieval import is_url, open_retriever
 from r3rag.rewards import RewardSettings
-from r3rag.stages.common import FILE, Context, add_model_input, load_questions, model_location, resolve_inputs, set_threads
+from r3rag.stages.common import (
+    FILE,
+    Context,
+    add_model_input,
+    load_questions,
+    model_location,
+    resolve_inputs,
+    set_threads,
+)
 from r3rag.training import LoraSettings, load_protocol_dict, save_policy
 
-INPUTS = {"policy": "sft", "world": "world", "index": "index", "questions": FILE,
-          "eval_questions": FILE}
+INPUTS = {"policy": "sft", "world": "world", "index": "index", "questions": FILE, "eval_questions": FILE}
 
 
 @dataclass
@@ -183,8 +190,13 @@ def run(cfg: Config, ctx: Context):
         kept = _kept(cfg, work, trainer.state.global_step)
         _publish(work, kept["source"], writer.dir, tokenizer, protocol_dict, base, cfg)
         writer.metrics.update(summarize(read_jsonl(writer.dir / "metrics.jsonl", allow_empty=True)))
-        writer.metrics.update({"train_seconds": round(time.time() - t0, 1), "processes": state.num_processes,
-                               "resumed_from_step": _step_of(resume_from)})
+        writer.metrics.update(
+            {
+                "train_seconds": round(time.time() - t0, 1),
+                "processes": state.num_processes,
+                "resumed_from_step": _step_of(resume_from),
+            }
+        )
         writer.metrics.update({k: v for k, v in kept.items() if k != "source"})
     shutil.rmtree(work, ignore_errors=True)
     state.wait_for_everyone()
@@ -198,8 +210,10 @@ def _prepare_work(work: Path, resume: bool, state) -> str | None:
     ckpts = work / "checkpoints"
     last = _last_complete_checkpoint(ckpts)
     if resume and last is None:
-        raise UserError(f"rl --resume: no checkpoint in {ckpts} (nothing to resume; run without --resume, "
-                        "with the same settings as the killed run)")
+        raise UserError(
+            f"rl --resume: no checkpoint in {ckpts} (nothing to resume; run without --resume, "
+            "with the same settings as the killed run)"
+        )
     if state.is_main_process:
         if not resume:
             shutil.rmtree(work, ignore_errors=True)
@@ -267,8 +281,9 @@ def _dev_questions(cfg: Config, inputs) -> list[dict]:
         return load_questions(inputs["eval_questions"].path, limit=cfg.eval_limit)
     path = inputs["world"].path / "dev.jsonl" if "world" in inputs else None
     if path is None or not path.is_file():
-        where = (f"the world artifact {inputs['world'].path} has no dev.jsonl" if path
-                 else "rl.questions gives no dev split")
+        where = (
+            f"the world artifact {inputs['world'].path} has no dev.jsonl" if path else "rl.questions gives no dev split"
+        )
         raise UserError(f"rl.eval_every: {where}; set rl.eval_questions to a question JSONL file (or eval_every=0)")
     questions = read_jsonl(path, required=("id", "question", "golden_answers"))
     return questions[: cfg.eval_limit] if cfg.eval_limit else questions
@@ -283,8 +298,19 @@ def _trainer(cfg, model, tokenizer, protocol_dict, questions, dev, inputs, work:
     scorer = RewardScorer(cfg.rewards, cfg.reward, protocol, step_credit=cfg.process_credit == "step")
     retriever = open_retriever(cfg.retriever, inputs.get("index"))
     sampler = RolloutSampler(work / f"rollouts.rank{rank}.jsonl", cfg.rollout_samples, rank)
-    return build_trainer(model, tokenizer, questions, retriever, protocol, scorer, cfg, work,
-                         callbacks=[MetricsLog(work / "metrics.jsonl")], sampler=sampler, dev_questions=dev)
+    return build_trainer(
+        model,
+        tokenizer,
+        questions,
+        retriever,
+        protocol,
+        scorer,
+        cfg,
+        work,
+        callbacks=[MetricsLog(work / "metrics.jsonl")],
+        sampler=sampler,
+        dev_questions=dev,
+    )
 
 
 def _kept(cfg: Config, work: Path, last_step: int) -> dict:
@@ -299,9 +325,14 @@ def _kept(cfg: Config, work: Path, last_step: int) -> dict:
     best, last = record["best"], record["last"]
     kept = best if cfg.keep == "best_dev" else last
     source = work / f"best-{best['step']}" if cfg.keep == "best_dev" else work / "final"
-    return {"source": source, "kept_step": kept["step"], "kept_dev_em": kept["dev/em"],
-            "start_dev_em": record.get("start", {}).get("dev/em"), "best_dev_step": best["step"],
-            "best_dev_em": best["dev/em"]}
+    return {
+        "source": source,
+        "kept_step": kept["step"],
+        "kept_dev_em": kept["dev/em"],
+        "start_dev_em": record.get("start", {}).get("dev/em"),
+        "best_dev_step": best["step"],
+        "best_dev_em": best["dev/em"],
+    }
 
 
 def _publish(work: Path, final: Path, out: Path, tokenizer, protocol_dict: dict, base: str, cfg: Config) -> None:
@@ -330,12 +361,18 @@ def summarize(rows: list[dict]) -> dict:
     """First and last step of the main curves, and their means over the run."""
     if not rows:
         return {}
-    keys = [k for k in rows[-1] if k == "reward" or k.startswith(("rewards/", "rollout/"))
-            and not k.endswith("/std")] + [k for k in ("kl", "entropy", "dev/em", "dev/f1") if k in rows[-1]]
+    keys = [
+        k for k in rows[-1] if k == "reward" or k.startswith(("rewards/", "rollout/")) and not k.endswith("/std")
+    ] + [k for k in ("kl", "entropy", "dev/em", "dev/f1") if k in rows[-1]]
     out = {"steps": rows[-1]["step"]}
     for k in keys:
         vals = [r[k] for r in rows if r.get(k) is not None]
         if vals:
-            out.update({f"first_{k}": round(vals[0], 4), f"last_{k}": round(vals[-1], 4),
-                        f"mean_{k}": round(sum(vals) / len(vals), 4)})
+            out.update(
+                {
+                    f"first_{k}": round(vals[0], 4),
+                    f"last_{k}": round(vals[-1], 4),
+                    f"mean_{k}": round(sum(vals) / len(vals), 4),
+                }
+            )
     return out

@@ -87,8 +87,13 @@ def run(cfg: Config, ctx: Context):
     with writer:
         t0 = time.time()
         stats = train_sft(model, tokenizer, rows, cfg, writer.dir / "checkpoints", ctx, Protocol(**protocol))
-        save_policy(stats.pop("model"), tokenizer, writer.dir, protocol,
-                    f"base:{inputs['base'].id}" if "base" in inputs else model_location(cfg.model, inputs))
+        save_policy(
+            stats.pop("model"),
+            tokenizer,
+            writer.dir,
+            protocol,
+            f"base:{inputs['base'].id}" if "base" in inputs else model_location(cfg.model, inputs),
+        )
         shutil.rmtree(writer.dir / "checkpoints", ignore_errors=True)
         writer.metrics.update({**stats, "train_seconds": round(time.time() - t0, 1), "trajectories": len(rows)})
     return ctx.done(writer)
@@ -104,14 +109,27 @@ def _base_model(cfg: Config, inputs, rows):
         if "world" not in inputs:
             raise UserError("sft: model=tiny needs a world artifact (world: world:latest) for its vocabulary")
         if not (inputs["world"].path / "vocab.txt").is_file():
-            raise UserError("sft: model=tiny needs a synthetic world (its vocab.txt); for real data set model "
-                            "to a pretrained model (e.g. model:latest from r3rag import-model)")
+            raise UserError(
+                "sft: model=tiny needs a synthetic world (its vocab.txt); for real data set model "
+                "to a pretrained model (e.g. model:latest from r3rag import-model)"
+            )
         vocab = (inputs["world"].path / "vocab.txt").read_text().split()
-        texts = [" ".join(vocab)] + [r["prompt"] for r in rows[:2000]] + \
-                [t["text"] for r in rows[:2000] for t in r["turns"]]
+        texts = (
+            [" ".join(vocab)]
+            + [r["prompt"] for r in rows[:2000]]
+            + [t["text"] for r in rows[:2000] for t in r["turns"]]
+        )
         tokenizer = modeling.train_word_tokenizer(texts)
-        model = modeling.tiny_model(tokenizer, cfg.arch, cfg.layers, cfg.hidden, cfg.heads, cfg.intermediate,
-                                    max_positions=max(cfg.max_length, 512), seed=cfg.seed)
+        model = modeling.tiny_model(
+            tokenizer,
+            cfg.arch,
+            cfg.layers,
+            cfg.hidden,
+            cfg.heads,
+            cfg.intermediate,
+            max_positions=max(cfg.max_length, 512),
+            seed=cfg.seed,
+        )
     else:
         tokenizer = modeling.load_tokenizer(model_location(cfg.model, inputs))
         model = modeling.load_model(model_location(cfg.model, inputs))
@@ -135,16 +153,34 @@ def train_sft(model, tokenizer, rows, cfg: Config, out_dir, ctx: Context, protoc
         encoded = [tokenize_trajectory(r, tokenizer, cfg.max_length, protocol) for r in rows]
     ds = Dataset.from_dict({"input_ids": [e[0] for e in encoded], "labels": [e[1] for e in encoded]})
     args = SFTConfig(
-        output_dir=str(out_dir), num_train_epochs=cfg.epochs, per_device_train_batch_size=cfg.batch_size,
-        gradient_accumulation_steps=cfg.grad_accum, learning_rate=cfg.lr, lr_scheduler_type="cosine",
-        warmup_steps=cfg.warmup_ratio, weight_decay=cfg.weight_decay, logging_steps=20, save_strategy="no",
-        report_to=[], seed=cfg.seed, max_length=cfg.max_length, train_sampling_strategy="group_by_length",
-        dataloader_num_workers=0, disable_tqdm=False, **checkpointing_flag(False), **device_flags(cfg.bf16),
+        output_dir=str(out_dir),
+        num_train_epochs=cfg.epochs,
+        per_device_train_batch_size=cfg.batch_size,
+        gradient_accumulation_steps=cfg.grad_accum,
+        learning_rate=cfg.lr,
+        lr_scheduler_type="cosine",
+        warmup_steps=cfg.warmup_ratio,
+        weight_decay=cfg.weight_decay,
+        logging_steps=20,
+        save_strategy="no",
+        report_to=[],
+        seed=cfg.seed,
+        max_length=cfg.max_length,
+        train_sampling_strategy="group_by_length",
+        dataloader_num_workers=0,
+        disable_tqdm=False,
+        **checkpointing_flag(False),
+        **device_flags(cfg.bf16),
     )
     trainer = FastSFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tokenizer)
     result = trainer.train()
     n_tokens = sum(len(e[0]) for e in encoded)
-    return {"model": trainer.model, "samples": len(encoded), "train_loss": round(result.training_loss, 4),
-            "tokens_per_epoch": n_tokens, "steps": result.global_step,
-            "tokens_per_second": round(n_tokens * cfg.epochs / max(result.metrics["train_runtime"], 1e-9), 1),
-            "parameters": sum(p.numel() for p in trainer.model.parameters())}
+    return {
+        "model": trainer.model,
+        "samples": len(encoded),
+        "train_loss": round(result.training_loss, 4),
+        "tokens_per_epoch": n_tokens,
+        "steps": result.global_step,
+        "tokens_per_second": round(n_tokens * cfg.epochs / max(result.metrics["train_runtime"], 1e-9), 1),
+        "parameters": sum(p.numel() for p in trainer.model.parameters()),
+    }

@@ -54,16 +54,24 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
 
+from r3rag import teachers
+from r3rag.data.gold import GoldRetriever
 from r3rag.env import EnvConfig, run_rollouts
 from r3rag.errors import UserError
 from r3rag.journal import Journal
-from r3rag.judge import AnswerJudge
 from r3rag.jsonl import read_jsonl, write_jsonl
+from r3rag.judge import AnswerJudge
 from r3rag.protocol import DocStyle, Protocol, ProtocolName, Template
 from r3rag.retrieval import is_url, open_retriever
-from r3rag.stages.common import FILE, Context, add_model_input, load_questions, model_location, resolve_inputs, set_threads
-from r3rag import teachers
-from r3rag.data.gold import GoldRetriever
+from r3rag.stages.common import (
+    FILE,
+    Context,
+    add_model_input,
+    load_questions,
+    model_location,
+    resolve_inputs,
+    set_threads,
+)
 
 INPUTS = {"world": "world", "index": "index", "questions": FILE}
 # The rollout mode each reader runs in: gold documents reach the prompt through rag mode, the
@@ -118,21 +126,30 @@ class Config:
 def run(cfg: Config, ctx: Context):
     _check(cfg)
     remote = is_url(cfg.retriever) and not cfg.extra_worlds  # the index is then not used at all
-    fields = {k: v for k, v in INPUTS.items()
-              if not (remote and k == "index") and not (k == "world" and cfg.questions and not cfg.extra_worlds)}
+    fields = {
+        k: v
+        for k, v in INPUTS.items()
+        if not (remote and k == "index") and not (k == "world" and cfg.questions and not cfg.extra_worlds)
+    }
     inputs = resolve_inputs(cfg, fields, ctx)
     defaults = Config()
     fields = add_model_input(cfg.model, inputs, INPUTS, ctx) if cfg.teacher == "hf" else INPUTS
-    writer = ctx.writer("synthesize", dataclasses.replace(cfg, **{k: getattr(defaults, k) for k in OPERATIONAL}),
-                        inputs, fields)
+    writer = ctx.writer(
+        "synthesize", dataclasses.replace(cfg, **{k: getattr(defaults, k) for k in OPERATIONAL}), inputs, fields
+    )
     writer.config = dataclasses.asdict(cfg)
     if writer.existing:
         return ctx.skipped(writer)
     cfg = dataclasses.replace(cfg, model=model_location(cfg.model, inputs))  # the hf teacher loads this
     set_threads(cfg.threads)
     sources = _sources(cfg, inputs)
-    protocol = Protocol(name=cfg.protocol, template=cfg.template, doc_style=cfg.doc_style, chat=cfg.chat,
-                        max_doc_chars=cfg.max_doc_chars)
+    protocol = Protocol(
+        name=cfg.protocol,
+        template=cfg.template,
+        doc_style=cfg.doc_style,
+        chat=cfg.chat,
+        max_doc_chars=cfg.max_doc_chars,
+    )
     t0 = time.time()
     with Journal(writer.final.parent / f".journal-{writer.id}.jsonl") as journal:
         resumed = len(journal.done)
@@ -140,8 +157,10 @@ def run(cfg: Config, ctx: Context):
         rows = journal.rows
         if not any(r["status"] == "accepted" for r in rows):
             reasons = dict(Counter(r["reject_reason"] for r in rows))
-            raise UserError(f"synthesize: the teacher produced no accepted trajectory (reasons: {reasons}; "
-                            f"every attempt is in {journal.path})")
+            raise UserError(
+                f"synthesize: the teacher produced no accepted trajectory (reasons: {reasons}; "
+                f"every attempt is in {journal.path})"
+            )
         with writer:
             order = {q["id"]: i for i, q in enumerate(q for _, qs, _ in sources for q in qs)}
             rows = sorted(rows, key=lambda r: order.get(r["id"], len(order)))  # the same files after a resume
@@ -149,9 +168,17 @@ def run(cfg: Config, ctx: Context):
             random.Random(cfg.seed).shuffle(accepted)
             write_jsonl(writer.dir / "trajectories.jsonl", accepted)
             write_jsonl(writer.dir / "rejected.jsonl", [_public(r) for r in rows if r["status"] == "rejected"])
-            (writer.dir / "protocol.json").write_text(json.dumps(
-                {"name": cfg.protocol, "template": cfg.template, "doc_style": cfg.doc_style, "chat": cfg.chat,
-                 "max_doc_chars": cfg.max_doc_chars}))
+            (writer.dir / "protocol.json").write_text(
+                json.dumps(
+                    {
+                        "name": cfg.protocol,
+                        "template": cfg.template,
+                        "doc_style": cfg.doc_style,
+                        "chat": cfg.chat,
+                        "max_doc_chars": cfg.max_doc_chars,
+                    }
+                )
+            )
             writer.metrics.update(_stats(rows, len(sources) - 1, resumed, time.time() - t0))
         journal.remove()
     return ctx.done(writer)
@@ -163,15 +190,18 @@ def _check(cfg: Config) -> None:
     if cfg.attempts < 1 or cfg.max_turns < 1:
         raise UserError("synthesize: attempts and max_turns must be at least 1")
     if cfg.teacher == "openai" and not (cfg.base_url and cfg.model):
-        raise UserError("synthesize: teacher=openai needs base_url and model (e.g. --set base_url=https://api."
-                        "deepseek.com --set model=deepseek-chat --set api_key_env=DEEPSEEK_API_KEY)")
+        raise UserError(
+            "synthesize: teacher=openai needs base_url and model (e.g. --set base_url=https://api."
+            "deepseek.com --set model=deepseek-chat --set api_key_env=DEEPSEEK_API_KEY)"
+        )
     if cfg.teacher == "hf" and not cfg.model:
         raise UserError("synthesize: teacher=hf needs model (an sft/rl artifact directory, a hub id or a path)")
     if cfg.judge and not ((cfg.judge_base_url or cfg.base_url) and (cfg.judge_model or cfg.model)):
         raise UserError("synthesize: judge=true needs an endpoint: judge_base_url and judge_model (or the teacher's)")
     if cfg.extra_worlds and not cfg.index:
-        raise UserError("synthesize.extra_worlds: needs the index artifact (its bm25 settings are reused per "
-                        "world); set index")
+        raise UserError(
+            "synthesize.extra_worlds: needs the index artifact (its bm25 settings are reused per world); set index"
+        )
     if cfg.extra_worlds and cfg.questions:
         raise UserError("synthesize.extra_worlds: adds synthetic-world questions; it cannot be combined with questions")
     _check_reader(cfg)
@@ -181,18 +211,24 @@ def _check_reader(cfg: Config) -> None:
     if cfg.reader == "none":
         return
     if cfg.teacher != "oracle" or cfg.template != "qa" or cfg.protocol != "search-r1":
-        raise UserError(f"synthesize.reader={cfg.reader}: needs teacher=oracle, protocol=search-r1 and template=qa "
-                        f"(got teacher={cfg.teacher}, protocol={cfg.protocol}, template={cfg.template})")
+        raise UserError(
+            f"synthesize.reader={cfg.reader}: needs teacher=oracle, protocol=search-r1 and template=qa "
+            f"(got teacher={cfg.teacher}, protocol={cfg.protocol}, template={cfg.template})"
+        )
     if cfg.reader == "gold" and cfg.questions:
-        raise UserError("synthesize.reader=gold: needs the world's corpus for the gold documents; use the world's "
-                        "questions (split), not a questions file")
+        raise UserError(
+            "synthesize.reader=gold: needs the world's corpus for the gold documents; use the world's "
+            "questions (split), not a questions file"
+        )
 
 
 def _sources(cfg: Config, inputs) -> list[tuple[str, list[dict], object]]:
     if "questions" in inputs:
         questions = load_questions(inputs["questions"].path, cfg.limit)
     else:
-        questions = read_jsonl(inputs["world"].path / f"{cfg.split}.jsonl", required=("id", "question", "golden_answers"))
+        questions = read_jsonl(
+            inputs["world"].path / f"{cfg.split}.jsonl", required=("id", "question", "golden_answers")
+        )
         questions = questions[: cfg.limit] if cfg.limit else questions
     for q in questions:
         q["id"] = str(q["id"])
@@ -208,6 +244,7 @@ def _sources(cfg: Config, inputs) -> list[tuple[str, list[dict], object]]:
 
 # ---------------------------------------------------------------- the attempt loop
 
+
 def _synthesize(cfg: Config, ctx: Context, sources, protocol: Protocol, journal: Journal) -> None:
     total = sum(len(qs) for _, qs, _ in sources)
     with ctx.progress() as progress:
@@ -221,7 +258,7 @@ def _synthesize(cfg: Config, ctx: Context, sources, protocol: Protocol, journal:
             for source, qs, retriever in sources:
                 todo = [q for q in qs if q["id"] not in journal.done]
                 for lo in range(0, len(todo), cfg.batch_size):
-                    for row in attempt_loop(todo[lo: lo + cfg.batch_size], teacher, retriever, protocol, cfg, judge):
+                    for row in attempt_loop(todo[lo : lo + cfg.batch_size], teacher, retriever, protocol, cfg, judge):
                         journal.append({**row, "source": source})
                         progress.advance(task)
         finally:
@@ -232,14 +269,29 @@ def _synthesize(cfg: Config, ctx: Context, sources, protocol: Protocol, journal:
 
 def attempt_loop(batch: list[dict], teacher, retriever, protocol: Protocol, cfg: Config, judge=None):
     """Yield one finished row per question, as soon as it is accepted or out of attempts."""
-    env_cfg = EnvConfig(mode=READER_MODES[cfg.reader], top_k=cfg.top_k, max_turns=cfg.max_turns,
-                        max_new_tokens=cfg.max_new_tokens,
-                        max_completion_tokens=max(1024, cfg.max_turns * (cfg.max_new_tokens + 512)))
+    env_cfg = EnvConfig(
+        mode=READER_MODES[cfg.reader],
+        top_k=cfg.top_k,
+        max_turns=cfg.max_turns,
+        max_new_tokens=cfg.max_new_tokens,
+        max_completion_tokens=max(1024, cfg.max_turns * (cfg.max_new_tokens + 512)),
+    )
     pending, history = list(batch), {q["id"]: [] for q in batch}
     if teacher.name == "oracle":  # nothing to follow: rejected without an attempt
         for q in [q for q in pending if teachers.gold_kind(q) is None]:
-            yield _rejected(q, [{"attempt": 1, "temperature": 0.0, "reason": "no_gold_chain", "tokens_in": 0,
-                                 "tokens_out": 0, "trajectory": None}])
+            yield _rejected(
+                q,
+                [
+                    {
+                        "attempt": 1,
+                        "temperature": 0.0,
+                        "reason": "no_gold_chain",
+                        "tokens_in": 0,
+                        "tokens_out": 0,
+                        "trajectory": None,
+                    }
+                ],
+            )
         pending = [q for q in pending if teachers.gold_kind(q) is not None]
     n_attempts = 1 if teacher.deterministic else cfg.attempts
     for attempt in range(1, n_attempts + 1):
@@ -255,8 +307,16 @@ def attempt_loop(batch: list[dict], teacher, retriever, protocol: Protocol, cfg:
             if ok:
                 yield _accepted(traj, q, attempt, tokens, history[q["id"]])
             else:
-                history[q["id"]].append({"attempt": attempt, "temperature": temperature, "reason": reason,
-                                         "tokens_in": tokens[0], "tokens_out": tokens[1], "trajectory": traj.to_json()})
+                history[q["id"]].append(
+                    {
+                        "attempt": attempt,
+                        "temperature": temperature,
+                        "reason": reason,
+                        "tokens_in": tokens[0],
+                        "tokens_out": tokens[1],
+                        "trajectory": traj.to_json(),
+                    }
+                )
                 still.append(q)
         pending = still
     for q in pending:
@@ -272,26 +332,47 @@ def _verdicts(trajs, questions, teacher, protocol: Protocol, cfg: Config, judge)
         verdicts.append((ok, reason))
     if judge is not None:  # ask the judge only about answers that did not match
         asks = [i for i, (ok, reason) in enumerate(verdicts) if reason == "wrong_answer"]
-        said = judge.judge_many([(questions[i]["question"], questions[i]["golden_answers"], trajs[i].answer)
-                                 for i in asks], strict=False)
+        said = judge.judge_many(
+            [(questions[i]["question"], questions[i]["golden_answers"], trajs[i].answer) for i in asks], strict=False
+        )
         for i, verdict in zip(asks, said):
             verdicts[i] = (True, "ok") if verdict else (False, "judge_error" if verdict is None else "judge_wrong")
     return verdicts
 
 
 def _accepted(traj, q: dict, attempt: int, tokens: tuple[int, int], history: list[dict]) -> dict:
-    return {**traj.to_json(), "golden_answers": q["golden_answers"], "metadata": _metadata(q), "status": "accepted",
-            "attempt": attempt, "tokens_in": tokens[0] + sum(h["tokens_in"] for h in history),
-            "tokens_out": tokens[1] + sum(h["tokens_out"] for h in history),
-            "rejected_attempts": [{"attempt": h["attempt"], "reason": h["reason"], "answer": h["trajectory"]["answer"],
-                                   "finish_reason": h["trajectory"]["finish_reason"]} for h in history]}
+    return {
+        **traj.to_json(),
+        "golden_answers": q["golden_answers"],
+        "metadata": _metadata(q),
+        "status": "accepted",
+        "attempt": attempt,
+        "tokens_in": tokens[0] + sum(h["tokens_in"] for h in history),
+        "tokens_out": tokens[1] + sum(h["tokens_out"] for h in history),
+        "rejected_attempts": [
+            {
+                "attempt": h["attempt"],
+                "reason": h["reason"],
+                "answer": h["trajectory"]["answer"],
+                "finish_reason": h["trajectory"]["finish_reason"],
+            }
+            for h in history
+        ],
+    }
 
 
 def _rejected(q: dict, history: list[dict]) -> dict:
-    return {"id": q["id"], "question": q["question"], "golden_answers": q["golden_answers"],
-            "metadata": _metadata(q), "status": "rejected", "reject_reason": history[-1]["reason"],
-            "tokens_in": sum(h["tokens_in"] for h in history), "tokens_out": sum(h["tokens_out"] for h in history),
-            "attempts": history}
+    return {
+        "id": q["id"],
+        "question": q["question"],
+        "golden_answers": q["golden_answers"],
+        "metadata": _metadata(q),
+        "status": "rejected",
+        "reject_reason": history[-1]["reason"],
+        "tokens_in": sum(h["tokens_in"] for h in history),
+        "tokens_out": sum(h["tokens_out"] for h in history),
+        "attempts": history,
+    }
 
 
 def _metadata(q: dict) -> dict:
@@ -312,21 +393,31 @@ def _teacher(cfg: Config, protocol: Protocol, on_result=None):
         case "hf":
             return teachers.hf_teacher(cfg.model, cfg.gen_batch_size)
         case "openai":
-            return teachers.endpoint_teacher(_client(cfg, cfg.base_url, cfg.model, cfg.api_key_env), protocol, on_result)
+            return teachers.endpoint_teacher(
+                _client(cfg, cfg.base_url, cfg.model, cfg.api_key_env), protocol, on_result
+            )
 
 
 def _judge_client(cfg: Config, teacher):
     if not (cfg.judge_base_url or cfg.judge_model) and teacher.client is not None:
         return teacher.client
-    return _client(cfg, cfg.judge_base_url or cfg.base_url, cfg.judge_model or cfg.model,
-                   cfg.judge_api_key_env or cfg.api_key_env)
+    return _client(
+        cfg, cfg.judge_base_url or cfg.base_url, cfg.judge_model or cfg.model, cfg.judge_api_key_env or cfg.api_key_env
+    )
 
 
 def _client(cfg: Config, base_url: str, model: str, api_key_env: str):
     from r3rag.llm.openai_client import ChatClient
 
-    return ChatClient(base_url, model, api_key_env=api_key_env, timeout=cfg.timeout, max_retries=cfg.max_retries,
-                      concurrency=cfg.concurrency, seed=cfg.seed)
+    return ChatClient(
+        base_url,
+        model,
+        api_key_env=api_key_env,
+        timeout=cfg.timeout,
+        max_retries=cfg.max_retries,
+        concurrency=cfg.concurrency,
+        seed=cfg.seed,
+    )
 
 
 def _stats(rows: list[dict], n_extra: int, resumed: int, wall: float) -> dict:
@@ -338,17 +429,25 @@ def _stats(rows: list[dict], n_extra: int, resumed: int, wall: float) -> dict:
     def mean(xs):
         return round(sum(xs) / len(xs), 3) if xs else 0.0
 
-    return {"questions": len(rows), "accepted": len(accepted), "rejected": len(rejected),
-            "acceptance_rate": round(len(accepted) / len(rows), 4),
-            "rejected_by_reason": dict(Counter(r["reject_reason"] for r in rejected)),
-            "rejected_attempts_by_reason": dict(Counter(failed_attempts)),
-            "attempts": sum(attempts), "attempts_per_question": mean(attempts),
-            "accepted_at_attempt": {str(k): v for k, v in sorted(Counter(r["attempt"] for r in accepted).items())},
-            "steps_per_trajectory": mean([sum(t["role"] == "model" for t in r["turns"]) for r in accepted]),
-            "searches_per_trajectory": mean([len(r["retrieved"]) for r in accepted]),
-            "tokens_in": sum(r["tokens_in"] for r in rows), "tokens_out": sum(r["tokens_out"] for r in rows),
-            "wall_seconds": round(wall, 2), "resumed_questions": resumed, "extra_worlds": n_extra,
-            "from_eval_world": sum(r.get("source") == "world" for r in accepted)}
+    return {
+        "questions": len(rows),
+        "accepted": len(accepted),
+        "rejected": len(rejected),
+        "acceptance_rate": round(len(accepted) / len(rows), 4),
+        "rejected_by_reason": dict(Counter(r["reject_reason"] for r in rejected)),
+        "rejected_attempts_by_reason": dict(Counter(failed_attempts)),
+        "attempts": sum(attempts),
+        "attempts_per_question": mean(attempts),
+        "accepted_at_attempt": {str(k): v for k, v in sorted(Counter(r["attempt"] for r in accepted).items())},
+        "steps_per_trajectory": mean([sum(t["role"] == "model" for t in r["turns"]) for r in accepted]),
+        "searches_per_trajectory": mean([len(r["retrieved"]) for r in accepted]),
+        "tokens_in": sum(r["tokens_in"] for r in rows),
+        "tokens_out": sum(r["tokens_out"] for r in rows),
+        "wall_seconds": round(wall, 2),
+        "resumed_questions": resumed,
+        "extra_worlds": n_extra,
+        "from_eval_world": sum(r.get("source") == "world" for r in accepted),
+    }
 
 
 def _extra_worlds(cfg: Config, inputs):
@@ -371,13 +470,22 @@ def _extra_worlds(cfg: Config, inputs):
         if cfg.reader == "gold":
             retriever = GoldRetriever(world.docs, qs)
         else:
-            retriever = BM25Retriever.build(world.docs, stopwords=index_settings["stopwords"],
-                                            stemmer=index_settings["stemmer"], k1=index_settings["k1"],
-                                            b=index_settings["b"], method=index_settings["method"])
+            retriever = BM25Retriever.build(
+                world.docs,
+                stopwords=index_settings["stopwords"],
+                stemmer=index_settings["stemmer"],
+                k1=index_settings["k1"],
+                b=index_settings["b"],
+                method=index_settings["method"],
+            )
         yield f"extra{i}", qs, retriever
 
 
 def _evaluated_questions(world_dir) -> list[dict]:
     """The evaluation world's test and dev questions: no training question may name their entities."""
-    return [q for split in ("test", "dev") if (world_dir / f"{split}.jsonl").is_file()
-            for q in read_jsonl(world_dir / f"{split}.jsonl", allow_empty=True)]
+    return [
+        q
+        for split in ("test", "dev")
+        if (world_dir / f"{split}.jsonl").is_file()
+        for q in read_jsonl(world_dir / f"{split}.jsonl", allow_empty=True)
+    ]

@@ -76,12 +76,15 @@ def run(cfg: Config, ctx: Context):
             if questions or split != "dev":  # no dev.jsonl without a dev split: eval on it then fails loudly
                 write_jsonl(writer.dir / f"{split}.jsonl", questions)
         (writer.dir / "vocab.txt").write_text("\n".join(world_vocabulary(world_cfg)) + "\n")
-        writer.metrics.update({
-            "docs": len(world.docs), **{f"{s}_questions": len(qs) for s, qs in world.splits.items()},
-            "named_questions": {s: sum(_is_named(q) for q in qs) for s, qs in world.splits.items()},
-            "hops": _hop_counts(world.test),
-            **_probes(world.docs, world.test, cfg.probe_top_k),
-        })
+        writer.metrics.update(
+            {
+                "docs": len(world.docs),
+                **{f"{s}_questions": len(qs) for s, qs in world.splits.items()},
+                "named_questions": {s: sum(_is_named(q) for q in qs) for s, qs in world.splits.items()},
+                "hops": _hop_counts(world.test),
+                **_probes(world.docs, world.test, cfg.probe_top_k),
+            }
+        )
     return ctx.done(writer)
 
 
@@ -121,8 +124,10 @@ def question_only_probe(docs: list[dict], questions: list[dict], k: int) -> dict
         all_found += set(needed) <= got
         bridge_found += bool(set(needed[1:]) & got)
     n = max(len(questions), 1)
-    return {f"question_only_all_docs@{k}": round(all_found / n, 4),
-            f"question_only_bridge_doc@{k}": round(bridge_found / n, 4)}
+    return {
+        f"question_only_all_docs@{k}": round(all_found / n, 4),
+        f"question_only_bridge_doc@{k}": round(bridge_found / n, 4),
+    }
 
 
 def _run_files(cfg: Config, ctx: Context):
@@ -140,13 +145,19 @@ def _run_files(cfg: Config, ctx: Context):
         write_jsonl(writer.dir / "corpus.jsonl", data.docs)
         for split, questions in data.splits.items():
             write_jsonl(writer.dir / f"{split}.jsonl", questions)
-        writer.metrics.update({
-            "docs": len(data.docs), **{f"{s}_questions": len(qs) for s, qs in data.splits.items()},
-            "datasets": {s: dict(Counter(q["metadata"].get("dataset", "unknown") for q in qs))
-                         for s, qs in data.splits.items() if qs},
-            "dropped_from_train": data.dropped_from_train,
-            "gold_in_corpus": _gold_coverage(data.docs, [q for qs in data.splits.values() for q in qs]),
-        })
+        writer.metrics.update(
+            {
+                "docs": len(data.docs),
+                **{f"{s}_questions": len(qs) for s, qs in data.splits.items()},
+                "datasets": {
+                    s: dict(Counter(q["metadata"].get("dataset", "unknown") for q in qs))
+                    for s, qs in data.splits.items()
+                    if qs
+                },
+                "dropped_from_train": data.dropped_from_train,
+                "gold_in_corpus": _gold_coverage(data.docs, [q for qs in data.splits.values() for q in qs]),
+            }
+        )
     return ctx.done(writer)
 
 
