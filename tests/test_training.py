@@ -140,3 +140,19 @@ def test_only_a_qa_readers_documents_go_back_into_its_prompt():
     assert framed_prompt(Trajectory.from_json(row), tok, qa) == qa.prompt("Where is it ?", docs=hits) == row["prompt"]
     row["documents"] = []  # closed-book: no retrieval, the bare reader prompt
     assert framed_prompt(Trajectory.from_json(row), tok, qa) == qa.prompt("Where is it ?")
+
+
+def test_bf16_auto_on_cpu_follows_the_hardware(monkeypatch):
+    """auto = bf16 only where the CPU has it natively: emulated bf16 is ~25x slower than fp32."""
+    import torch
+
+    from r3rag.training import device_flags
+
+    # the private torch internals cpu_has_bf16 relies on: a torch without them reads as "no bf16"
+    assert callable(torch.cpu._is_avx512_bf16_supported) and callable(torch.cpu._is_amx_tile_supported)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    for avx512_bf16, amx, want in ((False, False, False), (True, False, True), (False, True, True)):
+        monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda v=avx512_bf16: v)
+        monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
+        assert device_flags("auto") == {"use_cpu": True, "bf16": want}
+    assert device_flags(True)["bf16"] is True and device_flags(False)["bf16"] is False
