@@ -84,6 +84,7 @@ def test_experiment_shares_artifacts_fills_placeholders_and_writes_the_table(tmp
     "change, needles",
     [
         ({"table": {"x": "nope/rl"}}, ["table.x", "'nope/rl'"]),
+        ({"table": {"seeds": ["main/rl", "nope/rl"]}}, ["table.seeds", "'nope/rl'"]),  # a row over seeds
         (
             {"variants": {"a": {"stages": ["world"], "set": ["rl.lr=1"]}}, "table": {"x": "a/rl"}},
             ["variants.a.set", "'rl'"],

@@ -75,12 +75,14 @@ def parse_variants(path: Path, data: dict) -> dict[str, dict]:
                 raise UserError(f"{where}.set: {item!r} names stage {stage!r}, not one of {', '.join(stages)}")
         out[str(name)] = {"stages": stages, "set": sets}
     for label, source in data["table"].items():
-        variant, _, system = str(source).partition("/")
-        if variant not in out or not system or "eval" not in out[variant]["stages"]:
-            raise UserError(
-                f"{path}: table.{label}: {source!r} is not <variant>/<system> of a variant "
-                f"that runs eval (variants: {', '.join(out)})"
-            )
+        sources = source if isinstance(source, list) else [source]  # a list: one source per seed
+        for one in sources or [""]:
+            variant, _, system = str(one).partition("/")
+            if variant not in out or not system or "eval" not in out[variant]["stages"]:
+                raise UserError(
+                    f"{path}: table.{label}: {one!r} is not <variant>/<system> of a variant "
+                    f"that runs eval (variants: {', '.join(out)})"
+                )
     return out
 
 
