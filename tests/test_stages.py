@@ -37,15 +37,33 @@ def test_sft_changed_the_weights_and_saved_a_loadable_policy(pipeline_runs):
     assert json.loads((refs["sft"].path / "policy.json").read_text())["protocol"]["template"] == "minimal"
 
 
-def test_rl_updates_parameters_from_the_sft_policy(pipeline_runs):
+def test_rl_updates_parameters_from_the_sft_policy(pipeline_runs, tmp_path, monkeypatch):
+    """One GRPO step from the SFT artifact moves its weights, and the published policy loads and runs.
+    (The shared fixture's rl step may leave them equal: an untrained policy's groups can all score
+    0, so here the `em` component alternates within each group; see tests/test_rl_publish.py.)"""
+    import shutil
+
+    import torch
+
+    from r3rag.pipeline import run_stage
+    from tests.test_rl_publish import TINY_RL, assert_moved, vary_rewards
+
     _, refs = pipeline_runs
-    sft, _ = load_policy(refs["sft"].path)
-    rl, _ = load_policy(refs["rl"].path)
     assert refs["rl"].manifest["inputs"]["policy"]["id"] == refs["sft"].id
     assert refs["rl"].manifest["metrics"]["steps"] == 1
-    diffs = [(a - b).abs().max().item() for a, b in zip(sft.parameters(), rl.parameters())]
-    # an untrained policy gets zero reward variance, so weights may stay equal; shapes must match
-    assert len(diffs) == len(list(sft.parameters())) and all(d == d for d in diffs)
+    runs = tmp_path / "runs"  # a copy: this rl artifact stays out of the shared runs' rl:latest
+    for stage in ("world", "index", "sft"):
+        shutil.copytree(refs[stage].path, runs / stage / refs[stage].path.name)
+    vary_rewards(monkeypatch)
+    ref = run_stage("rl", None, [*TINY_RL, "name=moved"], runs)
+    assert ref.manifest["inputs"]["policy"]["id"] == refs["sft"].id and ref.manifest["metrics"]["steps"] == 1
+    sft, _ = load_policy(refs["sft"].path)
+    rl, tok = load_policy(ref.path)
+    assert_moved(sft, rl)
+    ids = tok("Question : who ?", return_tensors="pt")["input_ids"]
+    with torch.no_grad():
+        logits = rl(input_ids=ids).logits
+    assert logits.shape[:2] == ids.shape and torch.isfinite(logits).all()
 
 
 def test_eval_metrics_shape(pipeline_runs):

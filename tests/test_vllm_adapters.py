@@ -26,8 +26,15 @@ class FakeLLM:
     def generate(self, prompts, sampling_params, use_tqdm=True):
         self.calls.append((prompts, sampling_params))
         finish = "length" if len(self.reply) >= sampling_params.max_tokens else "stop"
+        # vLLM's shape for logprobs=0: per position, {sampled id: Logprob}; here token i has logprob -i/10
+        lps = [{t: SimpleNamespace(logprob=-i / 10)} for i, t in enumerate(self.reply)]
+        asked = getattr(sampling_params, "logprobs", None) is not None
         return [
-            SimpleNamespace(outputs=[SimpleNamespace(token_ids=tuple(self.reply), finish_reason=finish)])
+            SimpleNamespace(
+                outputs=[
+                    SimpleNamespace(token_ids=tuple(self.reply), finish_reason=finish, logprobs=lps if asked else None)
+                ]
+            )
             for _ in prompts
         ]
 
@@ -55,6 +62,29 @@ def test_rl_colocate_generator_sends_token_ids_and_reads_back_turns(fake_vllm):
     assert prompts == [{"prompt_token_ids": tok.encode("Where is it ?")}]
     assert params.stop == ["</search>", "</answer>"] and params.include_stop_str_in_output
     assert params.temperature == 0.7 and params.max_tokens == 16
+    # the sampled ids' logprobs go back to TRL (its importance-sampling correction), the EOS's dropped with it
+    assert params.logprobs == 0 and out.logprobs == [-i / 10 for i in range(len(out.ids))]
+
+
+def test_rl_server_generator_reads_the_sampled_logprobs_back(fake_vllm):
+    from r3rag.generation.vllm import VLLMGenerator
+
+    tok = train_word_tokenizer(["Where is it ? Velmar Question :"])
+    ids = tok.encode(REPLY)
+    sent = {}
+
+    class Client:  # TRL's VLLMClient.generate: logprobs of shape (rows, tokens, 1) when logprobs=0
+        def generate(self, **kw):
+            sent.update(kw)
+            return {"completion_ids": [ids], "logprobs": [[[-0.5 * (i + 1)] for i in range(len(ids))]]}
+
+    trainer = SimpleNamespace(
+        vllm_generation=SimpleNamespace(mode="server", vllm_client=Client()), processing_class=tok
+    )
+    traj = Trajectory(id="q", question="Where is it ?", prompt="Where is it ?", prompt_ids=tok.encode("Where is it ?"))
+    out = VLLMGenerator(trainer).generate([traj], ("</search>", "</answer>"), 16)[0]
+    assert sent["logprobs"] == 0 and sent["prompts"] == [tok.encode("Where is it ?")]
+    assert out.ids == ids and out.logprobs == [-0.5 * (i + 1) for i in range(len(ids))]
 
 
 def test_eval_vllm_backend_loads_the_policy_weights_into_an_engine(pipeline_runs, fake_vllm, monkeypatch):

@@ -2,7 +2,6 @@
 
 import json
 import re
-import time
 
 import pytest
 
@@ -270,10 +269,9 @@ def test_too_many_names_raise(overrides):
         generate_world(WorldConfig(**overrides))
 
 
-def test_default_config_is_fast():
-    start = time.perf_counter()
+def test_default_config_sizes():
+    """The default world's size (its generation time is benchmarks/world_speed.py's figure)."""
     w = generate_world(WorldConfig())
-    assert time.perf_counter() - start < 2.0
     # one document per fact: 3 per person and company, 1 per university, city, country
     assert len(w.docs) == 3 * 2400 + 3 * 480 + 180 + 120 + 30
     assert {q["metadata"]["hops"] for q in w.test} == {2, 3}
@@ -331,3 +329,19 @@ def test_world_config_rejects_bad_harder_settings():
         generate_world(WorldConfig(paraphrases=4))
     with pytest.raises(ValueError, match="question_types"):
         generate_world(WorldConfig(question_types="hard"))
+
+
+def test_world_speed_benchmark_prints_its_figures():
+    """The benchmark the wall-clock check moved to still runs and ends with its one line of JSON
+    (the figure itself is not checked: timings on a shared machine mean nothing)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "world_speed.py"
+    out = subprocess.run([sys.executable, str(script), "--repeats", "1"], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr[-2000:]
+    figures = json.loads(out.stdout.strip().splitlines()[-1])
+    assert figures["docs"] == 3 * 2400 + 3 * 480 + 180 + 120 + 30 and figures["repeats"] == 1
+    assert figures["world_default_seconds"] > 0
+    assert figures["world_budget_ratio"] == pytest.approx(figures["world_default_seconds"] / 2.0, abs=1e-3)

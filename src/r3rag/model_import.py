@@ -22,6 +22,7 @@ import importlib.util
 from pathlib import Path
 
 from r3rag.errors import UserError
+from r3rag.extras import require
 
 # name -> (python package, file inside it, how to install it)
 PACKAGED = {
@@ -58,15 +59,10 @@ def locate_source(source: str) -> Path:
     return path
 
 
-def _require_gguf() -> None:
-    if importlib.util.find_spec("gguf") is None:
-        raise UserError("reading GGUF files needs the `gguf` package: pip install 'r3rag[real]' (or pip install gguf)")
-
-
 def gguf_architecture(path: Path) -> str:
     """`general.architecture` from the file's header (read without loading any tensor)."""
-    _require_gguf()
-    from gguf import GGUFReader
+    # transformers reads GGUF weights with the same package: checked here, before any loading
+    GGUFReader = require("gguf", "real", "reading GGUF files").GGUFReader
 
     try:
         reader = GGUFReader(str(path))

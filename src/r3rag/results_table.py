@@ -162,10 +162,11 @@ def markdown(rows: list[dict], about: dict) -> str:
 
 def plot(rows: list[dict], path: Path) -> None:
     """EM per row (the table's order, top to bottom) with its 95% interval, one horizontal bar each."""
-    import matplotlib
+    from r3rag.extras import pyplot_or_skip
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot_or_skip(path.name)  # written after every run finished: without [plots], a note, not a failure
+    if plt is None:
+        return
 
     ys = range(len(rows))[::-1]  # the first row at the top
     ems = [r["em"] for r in rows]

@@ -24,10 +24,10 @@ from r3rag.errors import UserError
 
 
 def require_vllm(what: str) -> None:
-    import importlib.util
+    from r3rag.extras import installed
 
-    if importlib.util.find_spec("vllm") is None:
-        raise UserError(f"{what}: vLLM is not installed (pip install vllm)")
+    if not installed("vllm"):  # looked up, not imported: importing vLLM takes seconds
+        raise UserError(f"{what}: vLLM is not installed (pip install 'r3rag[vllm]', on a machine with a GPU)")
 
 
 def load_llm(model: str, dtype: str = "auto", gpu_memory: float = 0.9, seed: int = 0):
@@ -45,9 +45,12 @@ def sample(
     temperature: float,
     top_p: float,
     seed: int | None = None,
-) -> list[tuple[list[int], str]]:
-    """One batched `vllm.LLM.generate` over token-id prompts: (generated ids, finish reason) per prompt,
-    the stop string's tokens kept (as transformers' path keeps them)."""
+) -> list[tuple[list[int], str, list[float] | None]]:
+    """One batched `vllm.LLM.generate` over token-id prompts: (generated ids, finish reason, each id's
+    logprob) per prompt, the stop string's tokens kept (as transformers' path keeps them).
+
+    `logprobs=0` asks vLLM for the sampled token's logprob only: TRL's importance-sampling correction
+    needs it for the tokens vLLM sampled (HFGenerator(logprobs=True) gives the same on CPU)."""
     from vllm import SamplingParams
 
     params = SamplingParams(
@@ -58,17 +61,26 @@ def sample(
         seed=seed,
         stop=list(stop),
         include_stop_str_in_output=True,
+        logprobs=0,
     )
     outs = llm.generate([{"prompt_token_ids": p} for p in prompts], sampling_params=params, use_tqdm=False)
-    return [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason) for o in outs]
+    return [(list(o.outputs[0].token_ids), o.outputs[0].finish_reason, _sampled_logprobs(o.outputs[0])) for o in outs]
 
 
-def to_generated(tokenizer, ids: list[int], finish: str) -> Generated:
+def _sampled_logprobs(output) -> list[float] | None:
+    """Per generated id, its logprob from vLLM's per-position {token_id: Logprob} dicts."""
+    if getattr(output, "logprobs", None) is None:
+        return None
+    return [position[tid].logprob for tid, position in zip(output.token_ids, output.logprobs, strict=True)]
+
+
+def to_generated(tokenizer, ids: list[int], finish: str, logprobs: list[float] | None = None) -> Generated:
     ids = list(ids)
-    if ids and ids[-1] == tokenizer.eos_token_id:
-        ids = ids[:-1]
-        return Generated(tokenizer.decode(ids, skip_special_tokens=True), ids, "eos")
-    return Generated(tokenizer.decode(ids, skip_special_tokens=True), ids, "length" if finish == "length" else "stop")
+    if ids and ids[-1] == tokenizer.eos_token_id:  # the EOS is dropped with its logprob (as in HFGenerator)
+        ids, logprobs = ids[:-1], logprobs and logprobs[:-1]
+        return Generated(tokenizer.decode(ids, skip_special_tokens=True), ids, "eos", logprobs=logprobs)
+    kind = "length" if finish == "length" else "stop"
+    return Generated(tokenizer.decode(ids, skip_special_tokens=True), ids, kind, logprobs=logprobs)
 
 
 class LLMGenerator:
@@ -80,7 +92,7 @@ class LLMGenerator:
         done = sample(
             self.llm, [c.context_ids() for c in contexts], stop, max_new_tokens, self.temperature, self.top_p, self.seed
         )
-        return [to_generated(self.tokenizer, ids, finish) for ids, finish in done]
+        return [to_generated(self.tokenizer, ids, finish, lps) for ids, finish, lps in done]
 
 
 class VLLMGenerator:
@@ -93,19 +105,25 @@ class VLLMGenerator:
         prompts = [c.context_ids() for c in contexts]
         if self.vg.mode == "colocate":
             done = sample(self.vg.llm, prompts, stop, max_new_tokens, self.temperature, self.top_p)
-            return [to_generated(self.tokenizer, ids, finish) for ids, finish in done]
+            return [to_generated(self.tokenizer, ids, finish, lps) for ids, finish, lps in done]
         out = self._client().generate(
             prompts=prompts,
             n=1,
             temperature=self.temperature,
             top_p=self.top_p,
             max_tokens=max_new_tokens,
-            logprobs=None,
+            logprobs=0,  # the sampled token's logprob: (rows, tokens, 1)
             generation_kwargs={"stop": list(stop), "include_stop_str_in_output": True},
         )
+        per_row = out.get("logprobs") or [None] * len(out["completion_ids"])
         return [
-            to_generated(self.tokenizer, ids, "length" if len(ids) >= max_new_tokens else "stop")
-            for ids in out["completion_ids"]
+            to_generated(
+                self.tokenizer,
+                ids,
+                "length" if len(ids) >= max_new_tokens else "stop",
+                None if lps is None else [position[0] for position in lps],
+            )
+            for ids, lps in zip(out["completion_ids"], per_row, strict=True)
         ]
 
     def _client(self):
