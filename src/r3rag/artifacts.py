@@ -24,17 +24,12 @@ import errno
 import hashlib
 import json
 import os
-import platform
 import re
 import shutil
 import socket
-import subprocess
 import time
 from dataclasses import dataclass
-from importlib import metadata
 from pathlib import Path
-
-import yaml
 
 from r3rag import __version__
 from r3rag.errors import UserError
@@ -260,6 +255,11 @@ class ArtifactWriter:
                 shutil.rmtree(d, ignore_errors=True)
 
     def commit(self) -> ArtifactRef:
+        # Imported here, as in library_versions and code_version: `r3rag <stage> --help` imports this module.
+        import platform
+
+        import yaml
+
         (self.dir / "config.yaml").write_text(yaml.safe_dump(self.config, sort_keys=False))
         content_hash, files = hash_tree(self.dir)
         finished = time.time()
@@ -320,6 +320,8 @@ def _fsync(path: Path) -> None:
 
 
 def library_versions() -> dict:
+    from importlib import metadata
+
     out = {}
     for lib in LIBRARIES:
         try:
@@ -330,6 +332,8 @@ def library_versions() -> dict:
 
 
 def code_version() -> str:
+    import subprocess
+
     try:
         sha = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"],

@@ -17,8 +17,6 @@ import typing
 from pathlib import Path
 from typing import Any
 
-import yaml
-
 from r3rag.errors import UserError
 
 MAX_CONFIG_BYTES = 1 << 20  # configs are a few KB; PyYAML takes minutes over a 10 MB line
@@ -32,6 +30,8 @@ def load_yaml(path: str | Path) -> dict:
     size = path.stat().st_size
     if size > MAX_CONFIG_BYTES:
         raise UserError(f"{path}: {size} bytes is too large for a config file (limit {MAX_CONFIG_BYTES})")
+    import yaml  # here and below, not at the top: `r3rag <stage> --help` imports this module
+
     try:
         data = yaml.load(path.read_text(encoding="utf-8"), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except UnicodeDecodeError:
@@ -50,6 +50,8 @@ def load_yaml(path: str | Path) -> dict:
 def key_location(path: str | Path, key: Any) -> str:
     """`path:line` of a top-level `key` of a YAML file, else `path`. Only errors call it: the
     loaded mapping keeps no line numbers, so the file is composed again (pure-Python loader)."""
+    import yaml
+
     try:
         loader = yaml.SafeLoader(Path(path).read_text(encoding="utf-8"))
         try:
@@ -65,6 +67,8 @@ def key_location(path: str | Path, key: Any) -> str:
 
 def parse_overrides(overrides: list[str] | None) -> dict[str, Any]:
     """Turn ["a.b=1", "c=x"] into {"a.b": 1, "c": "x"} (values parsed as YAML)."""
+    import yaml
+
     out: dict[str, Any] = {}
     for item in overrides or []:
         key, sep, raw = item.partition("=")
@@ -97,8 +101,28 @@ def build_config(cls, section: dict | None, overrides: dict[str, Any] | None = N
     return _from_dict(cls, data, where)
 
 
-def to_dict(cfg) -> dict:
-    return dataclasses.asdict(cfg)
+def unhashed(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING):
+    """A dataclass field for a setting that says how to run, not what is made (threads, batch
+    sizes, resuming, logging): it stays out of the artifact's config hash, so a rerun with another
+    value reuses (or resumes) the same artifact. The one way a setting leaves the hash; the
+    manifest's config.yaml still records it."""
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={"hashed": False})
+
+
+def hashed_settings(cfg) -> dict:
+    """`cfg` as a dict (like `dataclasses.asdict`) without its `unhashed` fields, nested
+    settings' included: what enters the artifact's config hash."""
+    return {f.name: _hashed(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.metadata.get("hashed", True)}
+
+
+def _hashed(value: Any) -> Any:
+    if dataclasses.is_dataclass(value) and not isinstance(value, type):
+        return hashed_settings(value)
+    if isinstance(value, dict):
+        return {k: _hashed(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return type(value)(_hashed(v) for v in value)
+    return value
 
 
 def _from_dict(cls, data: Any, where: str):
@@ -166,6 +190,15 @@ def _coerce(tp, value: Any, where: str):
     if typing.get_origin(tp) is typing.Literal:
         return _literal(typing.get_args(tp), value, where)
     return value
+
+
+def check_literals(obj, where: str) -> None:
+    """Every Literal field of dataclass `obj` holds one of its values: for settings built in code
+    (`__post_init__`), which skip `build_config`'s check; the same one-line error."""
+    hints = typing.get_type_hints(type(obj))
+    for f in dataclasses.fields(obj):
+        if typing.get_origin(hints[f.name]) is typing.Literal:
+            _literal(typing.get_args(hints[f.name]), getattr(obj, f.name), f"{where}.{f.name}")
 
 
 def _literal(allowed: tuple, value: Any, where: str):

@@ -15,6 +15,7 @@ per turn, never re-tokenised from joined text.
 
 Usage:
     trajs = run_rollouts(examples, generator, retriever, protocol, EnvConfig(top_k=3), tokenizer)
+    env_cfg = stage_cfg.env_config(mode="rag")     # a stage config extending EnvSettings
     ids, mask = trajs[0].completion()      # mask: 1 = model token, 0 = environment token
     rag = run_rollouts(examples, gen, retriever, Protocol(template="qa"), EnvConfig(mode="rag", top_k=5))
     ircot = run_rollouts(examples, gen, retriever, Protocol(name="ircot"), EnvConfig(max_turns=6))
@@ -133,6 +134,26 @@ class EnvConfig:
     top_k: int = 3
     max_new_tokens: int = 64
     max_completion_tokens: int = 1024
+
+
+@dataclass
+class EnvSettings:
+    """The rollout settings a stage config shares with the others that roll out (synthesize, rl,
+    eval extend it: the same keys everywhere, each stage with its own defaults where they differ)."""
+
+    top_k: int = 3  # documents per search
+    max_turns: int = 6  # model turns per trajectory
+    max_new_tokens: int = 48  # token budget per model turn
+
+    def env_config(self, mode: str = "iterative", max_completion_tokens: int = 1024, top_k: int = 0) -> EnvConfig:
+        """The loop's EnvConfig; `top_k` > 0 replaces the setting (a system's own depth)."""
+        return EnvConfig(
+            mode=mode,
+            top_k=top_k or self.top_k,
+            max_turns=self.max_turns,
+            max_new_tokens=self.max_new_tokens,
+            max_completion_tokens=max_completion_tokens,
+        )
 
 
 def _encode(tokenizer, text: str) -> list[int] | None:

@@ -1,7 +1,7 @@
 """Evaluation rows and their summary: what `r3rag eval` records per question and per system.
 
 A prediction row holds the answer, EM/F1/cover, finish reason, searches, model tokens,
-gold-document recall (by doc id on the synthetic world, by supporting title on real data),
+gold-document recall (r3rag.gold_docs: by doc id on the synthetic world, by title on real data),
 the question's hop count, type and source dataset (`metadata.dataset`), and the whole
 trajectory (for the viewer). A summary averages over samples per question first, so intervals
 are over questions (exact Clopper-Pearson for 0/1 scores, bootstrap otherwise); `by_dataset`
@@ -21,6 +21,7 @@ from pathlib import Path
 from rich.table import Table
 
 from r3rag.artifacts import FILE, ArtifactRef, load_manifest
+from r3rag.gold_docs import flat, gold_docs
 from r3rag.metrics import cover_match, exact_match, f1_score, mean_ci
 
 
@@ -43,10 +44,10 @@ def to_prediction(system: str, traj, q: dict, sample: int = 0) -> dict:
         "type": meta.get("type"),
         "dataset": meta.get("dataset"),
         "tokens": _model_tokens(traj),
-        "gold_doc_recall": gold_recall(traj, meta),
+        "gold_doc_recall": gold_recall(traj, q),
         "turns": [{"role": t.role, "text": t.text} for t in traj.turns],
         "retrieved_docs": traj.documents,
-        "gold_docs": meta.get("supporting_docs") or meta.get("supporting_titles", []),
+        "gold_docs": list(docs.names) if (docs := gold_docs(q)) else [],
     }
 
 
@@ -55,16 +56,11 @@ def _model_tokens(traj) -> int | None:
     return sum(len(t.ids) for t in turns) if turns and all(t.ids is not None for t in turns) else None
 
 
-def gold_recall(traj, meta: dict) -> float | None:
-    """Share of the gold documents retrieved at any step: ids when the data has them, else titles."""
-    if meta.get("supporting_docs"):
-        needed, found = set(meta["supporting_docs"]), {d for step in traj.retrieved for d in step}
-    elif meta.get("supporting_titles"):
-        needed = {t.strip().lower() for t in meta["supporting_titles"]}
-        found = {d["title"].strip().lower() for step in traj.documents for d in step}
-    else:
-        return None
-    return len(needed & found) / len(needed)
+def gold_recall(traj, question: dict) -> float | None:
+    """Share of the question's gold documents retrieved at any step (r3rag.gold_docs: ids when
+    the data has them, else titles); None when it names none."""
+    gold = gold_docs(question)
+    return None if gold is None else gold.recall(flat(traj.documents))
 
 
 def _mean(xs: list) -> float | None:

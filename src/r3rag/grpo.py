@@ -10,7 +10,12 @@ does not report them), for TRL's importance-sampling correction. The policy roll
 mode (no LoRA or other dropout), then goes back to training. Generation and retrieval time are
 measured per step.
 
-Against flat or collapsing GRPO (settings of `r3rag rl`, see `stages/rl.py`):
+Where things live: the settings are typed in r3rag.grpo_settings (`GRPOSettings`, which `r3rag
+rl`'s Config extends; `build_trainer` reads nothing else), the batch TRL receives and dynamic
+sampling are plain functions in r3rag.grpo_batch (re-exported here), and this module holds
+what needs the trainer: the rollout function, the rollout generator, the trainer and DevEval.
+
+Against flat or collapsing GRPO (settings of `r3rag rl`, see r3rag.grpo_settings):
 - dynamic sampling (DAPO; TRL has no option for it): `dynamic_sample` drops each group whose
   rollouts all earn the same reward (no advantage, no gradient) and refills the batch with
   groups of fresh questions, at most `dynamic_sampling_rounds` times; groups still missing then
@@ -32,7 +37,6 @@ from __future__ import annotations
 
 import json
 import os
-import random
 import shutil
 import time
 from dataclasses import replace
@@ -40,11 +44,20 @@ from pathlib import Path
 
 from transformers import TrainerCallback
 
-from r3rag.env import EnvConfig, Trajectory, run_rollouts
+from r3rag.env import run_rollouts
 from r3rag.errors import UserError
+from r3rag.grpo_batch import (  # noqa: F401  (re-exported: r3rag.grpo is where callers find them)
+    check_whole_groups,
+    completion_logprobs,
+    dynamic_sample,
+    fresh_questions,
+    rollout_batch,
+    step_spans,
+)
+from r3rag.grpo_settings import GRPOSettings, check_settings
 from r3rag.metrics import exact_match, f1_score
 from r3rag.protocol import Protocol
-from r3rag.training import checkpointing_flag, completion_with_eos, device_flags
+from r3rag.training import checkpointing_flag, device_flags
 
 
 class Timed:
@@ -67,124 +80,14 @@ class Timed:
         return self._time(self.inner.search, queries, k)
 
 
-def rollout_batch(
-    trajs: list[Trajectory],
-    eos_id: int,
-    max_completion_tokens: int,
-    mask_retrieved: bool = True,
-    steps: list[list] | None = None,
-) -> dict:
-    """TRL's rollout dict: ids and env_mask from the one span rule shared with SFT, except the
-    final EOS: learned only where the model sampled it (`eos_rule="sampled"`), never the one
-    appended after a turn the env stopped at `</answer>`.
-    `mask_retrieved=False` is Search-R1's ablation: retrieved tokens get loss like model tokens
-    (the final EOS keeps its own rule).
-    `steps` (per-step credit): each trajectory's [turn index, process reward] pairs
-    (`RewardScorer.score_steps`), returned as `step_credit` token spans (`step_spans`)."""
-    pairs = [completion_with_eos(t, eos_id, max_completion_tokens, eos_rule="sampled") for t in trajs]
-    logprobs = [completion_logprobs(t, eos_id, len(ids)) for t, (ids, _) in zip(trajs, pairs)]
-    if not mask_retrieved:
-        pairs = [(ids, [1] * (len(mask) - 1) + mask[-1:]) for ids, mask in pairs]
-    out = {
-        "prompt_ids": [t.prompt_ids for t in trajs],
-        "completion_ids": [p[0] for p in pairs],
-        "logprobs": logprobs,
-        "env_mask": [p[1] for p in pairs],
-        "pred_answer": [t.answer for t in trajs],
-        "finish_reason": [t.finish_reason for t in trajs],
-        "num_searches": [len(t.retrieved) for t in trajs],
-    }
-    if steps is not None:
-        out["step_credit"] = [step_spans(t, s, len(ids)) for t, s, (ids, _) in zip(trajs, steps, pairs)]
-    return out
-
-
-def step_spans(traj: Trajectory, steps: list[list], n: int) -> list[list]:
-    """[start, end, x] for each [turn index, x] in `steps`: that turn's tokens in the completion
-    of `n` ids, cut before its last one (the EOS, which keeps the trajectory's advantage)."""
-    offsets, pos = [], 0
-    for t in traj.turns:
-        offsets.append(pos)
-        pos += len(t.ids or [])
-    spans = []
-    for i, x in steps:
-        start, end = offsets[i], min(offsets[i] + len(traj.turns[i].ids or []), n - 1)
-        if start < end:
-            spans.append([start, end, x])
-    return spans
-
-
-def dynamic_sample(examples: list[dict], group: int, roll, draw, has_signal, max_rounds: int) -> tuple[list, dict]:
-    """DAPO's dynamic sampling over one process's share of a batch (whole groups of `group`).
-
-    `roll(examples)` rolls out and scores, returning parallel lists (examples, trajectories,
-    score rows, steps); `has_signal(part)` says whether one group's slice of them gives any
-    advantage; `draw(k, round)` gives up to k fresh questions. Groups without signal are set
-    aside and refilled from fresh questions, at most `max_rounds` times; slots still empty then
-    take set-aside groups (zero advantage: they change nothing, but TRL needs the batch size).
-    Returns the parallel lists for the batch and the counts that are logged."""
-    need = len(examples) // group
-    kept, flat, rounds, batch = [], [], 0, examples[::group]
-    while True:
-        cols = roll([e for e in batch for _ in range(group)])
-        for g in range(0, len(cols[0]), group):
-            part = tuple(c[g : g + group] for c in cols)
-            (kept if has_signal(part) else flat).append(part)
-        if len(kept) >= need or rounds == max_rounds:
-            break
-        batch = draw(need - len(kept), rounds + 1)
-        if not batch:  # no fresh question left
-            break
-        rounds += 1
-    final = kept[:need] + flat[: need - len(kept)]
-    joined = [[x for part in final for x in part[c]] for c in range(len(cols))]
-    stats = {"dropped_groups": len(flat), "refill_rounds": rounds, "flat_groups": max(0, need - len(kept))}
-    return joined, stats
-
-
-def fresh_questions(questions: list[dict], used: list[dict], seed: int, step: int, rank: int):
-    """`draw(k, round)` for `dynamic_sample`: k questions not yet in this batch, drawn by a
-    generator seeded by (seed, step, process, round), so a resumed run refills as a straight one."""
-    tried = {q["id"] for q in used}
-
-    def draw(k: int, round_no: int) -> list[dict]:
-        fresh = [q for q in questions if q["id"] not in tried]
-        picked = random.Random(f"{seed}:{step}:{rank}:{round_no}").sample(fresh, min(k, len(fresh)))
-        tried.update(q["id"] for q in picked)
-        return picked
-
-    return draw
-
-
-def env_config(cfg) -> EnvConfig:
-    return EnvConfig(
-        top_k=cfg.top_k,
-        max_turns=cfg.max_turns,
-        max_new_tokens=cfg.max_new_tokens,
-        max_completion_tokens=cfg.max_completion_tokens,
-    )
-
-
-def completion_logprobs(traj: Trajectory, eos_id: int, n: int) -> list[float | None]:
-    """The sampling logprob of each of the `n` ids `completion_with_eos` gives for `traj`, None
-    where there is none (environment turns, a generator that did not record them). Its ids are the
-    joined turns cut to `n - 1`, then EOS: that last one was sampled only if it is the EOS the
-    generator kept (`eos_sampled`, ids ending in it, nothing cut). TRL reads None as NaN: no
-    correction on that token (and masked tokens get no loss anyway)."""
-    joined: list[float | None] = []
-    for t in traj.turns:
-        joined.extend(t.logprobs if t.role == "model" and t.logprobs is not None else [None] * len(t.ids or []))
-    ids = [i for t in traj.turns for i in t.ids or []]
-    kept_eos = traj.eos_sampled and len(ids) == n and ids[-1] == eos_id
-    return joined[: n - 1] + [joined[-1] if kept_eos else None]
-
-
-def make_rollout_func(questions: list[dict], retriever, protocol: Protocol, tokenizer, scorer, cfg, sampler=None):
+def make_rollout_func(
+    questions: list[dict], retriever, protocol: Protocol, tokenizer, scorer, cfg: GRPOSettings, sampler=None
+):
     """TRL rollout_func: one multi-turn trajectory per prompt it is given (prompts arrive
     repeated num_generations times), scored by every reward component; with
     `cfg.dynamic_sampling`, flat groups are replaced by groups of fresh questions."""
     by_prompt = {protocol.context_prompt(q["question"], tokenizer): q for q in questions}
-    env_cfg = env_config(cfg)
+    env_cfg = cfg.env_config(max_completion_tokens=cfg.max_completion_tokens)
 
     def rollout_func(prompts: list[str], trainer) -> dict:
         examples = [by_prompt[p] for p in prompts]
@@ -198,7 +101,7 @@ def make_rollout_func(questions: list[dict], retriever, protocol: Protocol, toke
                 return exs, trajs, *scoring._time(scorer.score_steps, trajs, exs)
 
             if cfg.dynamic_sampling:
-                _check_whole_groups(prompts, cfg.num_generations)
+                check_whole_groups(prompts, cfg.num_generations)
                 from r3rag.rewards import group_has_signal
 
                 draw = fresh_questions(
@@ -235,21 +138,13 @@ def make_rollout_func(questions: list[dict], retriever, protocol: Protocol, toke
     return rollout_func
 
 
-def _check_whole_groups(prompts: list[str], group: int) -> None:
-    if len(prompts) % group or any(p != prompts[i - i % group] for i, p in enumerate(prompts)):
-        raise RuntimeError(
-            f"dynamic sampling: this process got {len(prompts)} prompts that are not whole groups "
-            f"of {group} (prompts_per_step x steps_per_generation must divide over the processes)"
-        )
-
-
 class generator:
     """Context manager giving the rollout generator: vLLM through TRL when enabled, else the
     trainer's own model (unwrapped from DDP/DeepSpeed/FSDP) with transformers' generate, in
     eval mode: dropout (LoRA's too) would make the rollout policy a random perturbation of the
     one whose log-probabilities are trained; training mode comes back on exit."""
 
-    def __init__(self, trainer, tokenizer, cfg):
+    def __init__(self, trainer, tokenizer, cfg: GRPOSettings):
         self.trainer, self.tokenizer, self.cfg = trainer, tokenizer, cfg
 
     def __enter__(self):
@@ -309,7 +204,7 @@ def world_size() -> int:
     return int(os.environ.get("WORLD_SIZE", "1"))
 
 
-def per_device_batch(cfg) -> int:
+def per_device_batch(cfg: GRPOSettings) -> int:
     """Completions per device per optimizer micro-step, from the global prompts per step."""
     total, parts = cfg.prompts_per_step * cfg.num_generations, world_size() * cfg.grad_accum
     if total % parts:
@@ -320,28 +215,6 @@ def per_device_batch(cfg) -> int:
     return total // parts
 
 
-TOKEN_LEVEL_LOSSES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo")  # per-token advantages make sense
-
-
-def check_settings(cfg) -> None:
-    """The GRPO settings that only make sense together: one clear line each."""
-    if cfg.keep == "best_dev" and cfg.eval_every <= 0:
-        raise UserError("rl.keep=best_dev: set rl.eval_every to a number of steps (the dev evaluation picks the step)")
-    for name in ("eval_every", "eval_limit", "dynamic_sampling_rounds"):
-        if getattr(cfg, name) < 0:
-            raise UserError(f"rl.{name}: expected 0 or more, got {getattr(cfg, name)}")
-    if cfg.epsilon_high is not None and cfg.epsilon_high < cfg.epsilon:
-        raise UserError(
-            f"rl.epsilon_high: expected at least rl.epsilon ({cfg.epsilon}) (clip-higher widens the "
-            f"upper bound; DAPO uses 0.28), got {cfg.epsilon_high}"
-        )
-    if cfg.process_credit == "step" and cfg.loss_type not in TOKEN_LEVEL_LOSSES:
-        raise UserError(
-            f"rl.process_credit=step: loss_type {cfg.loss_type} weighs whole sequences; use one of "
-            f"{', '.join(TOKEN_LEVEL_LOSSES)}"
-        )
-
-
 def build_trainer(
     model,
     tokenizer,
@@ -349,7 +222,7 @@ def build_trainer(
     retriever,
     protocol: Protocol,
     scorer,
-    cfg,
+    cfg: GRPOSettings,
     work_dir,
     callbacks=(),
     sampler=None,
@@ -435,7 +308,9 @@ def build_trainer(
 # ---- evaluation on dev during training --------------------------------------------------------
 
 
-def dev_scores(trainer, questions: list[dict], retriever, protocol: Protocol, tokenizer, cfg) -> dict[str, float]:
+def dev_scores(
+    trainer, questions: list[dict], retriever, protocol: Protocol, tokenizer, cfg: GRPOSettings
+) -> dict[str, float]:
     """Greedy EM and F1 of the trainer's current policy on `questions`, through the rollouts' env
     loop. Every process answers its share (a sharded model needs them all in the generate context)
     and the sums are gathered. Always transformers: vLLM's weights are synced only when the next
@@ -445,7 +320,9 @@ def dev_scores(trainer, questions: list[dict], retriever, protocol: Protocol, to
     acc = trainer.accelerator
     mine = questions[acc.process_index :: acc.num_processes]
     with generator(trainer, tokenizer, replace(cfg, vllm="", temperature=0.0)) as gen:
-        trajs = run_rollouts(mine, gen, retriever, protocol, env_config(cfg), tokenizer)
+        trajs = run_rollouts(
+            mine, gen, retriever, protocol, cfg.env_config(max_completion_tokens=cfg.max_completion_tokens), tokenizer
+        )
     em = sum(exact_match(t.answer, q["golden_answers"]) for t, q in zip(trajs, mine))
     f1 = sum(f1_score(t.answer, q["golden_answers"]) for t, q in zip(trajs, mine))
     parts = gather_object([(em, f1, len(mine))])
@@ -462,7 +339,7 @@ class DevEval(TrainerCallback):
     dev.json names the new one, so a kill never leaves dev.json naming missing weights). A best
     found before a kill stays a candidate after `--resume`: its weights and EM are real."""
 
-    def __init__(self, questions, retriever, protocol, tokenizer, cfg, work: Path):
+    def __init__(self, questions, retriever, protocol, tokenizer, cfg: GRPOSettings, work: Path):
         self.questions, self.retriever, self.protocol, self.tokenizer, self.cfg = (
             questions,
             retriever,

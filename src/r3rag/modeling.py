@@ -108,7 +108,3 @@ def load_policy(path: Path):
     model = load_model(path / "model", dtype="float32")
     model.eval()
     return model, load_tokenizer(path / "model")
-
-
-def count_parameters(model) -> int:
-    return sum(p.numel() for p in model.parameters())

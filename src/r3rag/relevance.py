@@ -2,7 +2,8 @@
 [0, 1] per search step of each trajectory.
 
 - `gold`: 1 if the step retrieved a gold supporting document no earlier step had, else 0
-  (needs `metadata.supporting_docs` or `supporting_titles` on the questions).
+  (needs `metadata.supporting_docs` or `supporting_titles` on the questions; matched by
+  r3rag.gold_docs, as eval's recall and the oracle teacher match them).
 - `embedding`: max over the step's documents of cos(question, document), clipped at 0, with
   a Hugging Face encoder (default: the packaged all-MiniLM-L6-v2, offline).
 - `judge`: an LLM judge over an OpenAI-compatible endpoint scores question, step and the
@@ -22,9 +23,8 @@ import re
 import numpy as np
 
 from r3rag.env import Trajectory
-from r3rag.errors import UserError
+from r3rag.gold_docs import require_gold_docs
 from r3rag.judge import JudgeError
-from r3rag.metrics import normalize_answer
 
 RELEVANCE_PROMPT = (
     "You are judging a retrieval step of a system that answers a question by searching step by step.\n"
@@ -119,18 +119,11 @@ class JudgeRelevance:
 
 def gold_relevance(traj: Trajectory, example: dict) -> list[float]:
     """Per search step: 1 if it retrieved a gold supporting document that no earlier step had."""
-    meta = example.get("metadata") or {}
-    ids = set(meta.get("supporting_docs") or [])
-    titles = {normalize_answer(t) for t in meta.get("supporting_titles") or []}
-    if not ids and not titles:
-        raise UserError(
-            f"reward.relevance=gold: question {example.get('id')!r} has no metadata.supporting_docs "
-            "or supporting_titles (use reward.relevance=embedding or judge)"
-        )
+    gold = require_gold_docs(example, "reward.relevance=gold", "use reward.relevance=embedding or judge")
     seen: set[str] = set()
     out = []
     for docs in traj.documents:
-        new = {d["id"] for d in docs if d["id"] in ids or normalize_answer(d["title"]) in titles} - seen
+        new = gold.found(docs) - seen
         out.append(1.0 if new else 0.0)
         seen |= new
     return out

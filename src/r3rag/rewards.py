@@ -59,7 +59,9 @@ Usage:
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
+from r3rag.config import check_literals
 from r3rag.env import Trajectory
 from r3rag.errors import UserError
 from r3rag.judge import JudgeSpec
@@ -69,17 +71,20 @@ from r3rag.protocol import Protocol
 ALWAYS = ("em", "f1", "cover", "format")
 COMPONENTS = (*ALWAYS, "search_r1_format", "judge", "relevance", "r3rag")
 PROCESS = ("relevance", "r3rag")  # the components with a per-step form (step credit)
-RELEVANCE = ("gold", "embedding", "judge")
+Relevance = Literal["gold", "embedding", "judge"]
 
 
 @dataclass
 class R3ragWeights:
-    correct: str = "em"  # how "right" is decided: em, cover or judge
+    correct: Literal["em", "cover", "judge"] = "em"  # how "right" is decided
     right: float = 1.6
     wrong: float = 0.8
     no_answer: float = 0.9
     format_error: float = -0.9
     answer_right: float = 2.0
+
+    def __post_init__(self):
+        check_literals(self, "reward.r3rag")
 
 
 @dataclass
@@ -91,12 +96,15 @@ class SearchR1Format:
 
 @dataclass
 class RewardSettings:
-    relevance: str = "gold"  # gold, embedding or judge
+    relevance: Relevance = "gold"  # how a search step's documents are judged (r3rag.relevance)
     encoder: str = ""  # embedding relevance encoder ("" = the packaged all-MiniLM-L6-v2)
     judge: JudgeSpec = field(default_factory=JudgeSpec)  # the LLM judge's endpoint (judge, relevance=judge)
     doc_chars: int = 512  # characters of each document the relevance judge / encoder sees (R3-RAG: 512)
     r3rag: R3ragWeights = field(default_factory=R3ragWeights)
     search_r1_format: SearchR1Format = field(default_factory=SearchR1Format)
+
+    def __post_init__(self):
+        check_literals(self, "reward")  # settings built in code skip the config's check
 
 
 # ---- the components: plain functions ---------------------------------------------------------
@@ -170,7 +178,7 @@ class RewardScorer:
     def __init__(
         self, weights: dict[str, float], settings: RewardSettings, protocol: Protocol, step_credit: bool = False
     ):
-        check_settings(weights, settings)
+        check_weights(weights)
         self.weights = {k: float(v) for k, v in weights.items()}
         self.step_credit = step_credit
         if step_credit:
@@ -291,16 +299,12 @@ class RewardScorer:
         return [float(v) for v in verdicts]
 
 
-def check_settings(weights: dict, settings: RewardSettings) -> None:
+def check_weights(weights: dict) -> None:
     for name, w in weights.items():
         if name not in COMPONENTS:
             raise UserError(f"rl.rewards: unknown reward {name!r} (available: {', '.join(COMPONENTS)})")
         if not isinstance(w, (int, float)) or isinstance(w, bool):
             raise UserError(f"rl.rewards.{name}: expected a number, got {w!r}")
-    if settings.relevance not in RELEVANCE:
-        raise UserError(f"rl.reward.relevance: expected one of {', '.join(RELEVANCE)}, got {settings.relevance!r}")
-    if settings.r3rag.correct not in ("em", "cover", "judge"):
-        raise UserError(f"rl.reward.r3rag.correct: expected em, cover or judge, got {settings.r3rag.correct!r}")
 
 
 def check_step_credit(weights: dict[str, float]) -> None:

@@ -37,24 +37,20 @@ from pathlib import Path
 from typing import Literal
 
 from r3rag.errors import UserError
-from r3rag.protocol import DOC_STYLES, PROTOCOLS, TEMPLATES, DocStyle, Protocol, ProtocolName, Template
+from r3rag.protocol import DOC_STYLES, PROTOCOLS, TEMPLATES, Protocol, ProtocolSettings
 
 SCRIPTS = ("top-title",)
 MODES = ("iterative", "direct", "rag", "gold")
 
 
 @dataclass
-class SystemSpec:
+class SystemSpec(ProtocolSettings):  # protocol, template, doc_style, max_doc_chars: models that are not policies
     model: str = ""  # policy artifact, transformers path / hub id, or (with endpoint) the served model name
     endpoint: str = ""  # OpenAI-compatible base URL: the policy is that endpoint
     api_key_env: str = ""  # environment variable holding the endpoint's API key (never stored)
     scripted: str = ""  # a scripted baseline: top-title
     mode: Literal["iterative", "direct", "rag", "gold"] = "iterative"  # gold: rag with the gold documents
-    template: Template = "search-r1"  # prompt for models that are not r3rag policies
-    doc_style: DocStyle = "search-r1"
-    protocol: ProtocolName = "search-r1"  # models that are not policies: search-r1 (with `template`) or ircot
     top_k: int = 0  # documents per search; 0 = eval's top_k
-    max_doc_chars: int = 0  # cut each document to this many characters (0 = whole), e.g. as a policy was trained
     chat: bool = True  # use the tokenizer's chat template when it has one (models that are not policies)
     dtype: str = "auto"  # transformers models: auto | float32 | bfloat16 | float16
     request_params: dict = field(default_factory=dict)  # endpoint: extra chat-completions fields
@@ -166,13 +162,7 @@ def _protocol(spec: SystemSpec, policy_path: Path | None) -> Protocol:
 
     if policy_path is not None:
         return Protocol(**load_protocol_dict(policy_path))
-    return Protocol(
-        name=spec.protocol,
-        template=spec.template,
-        doc_style=spec.doc_style,
-        chat=spec.chat,
-        max_doc_chars=spec.max_doc_chars,
-    )
+    return spec.to_protocol()
 
 
 def weights_source(spec: SystemSpec, policy_path: Path | None) -> str:

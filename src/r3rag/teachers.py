@@ -10,6 +10,7 @@ acceptance rate measures retrieval too. The chain comes from the question's meta
   hops' answers filled in for `#k`; the hop's gold paragraph must come back.
 - `supporting_titles` (HotpotQA, 2WikiMultiHopQA): search the question first, then each gold
   title not retrieved yet, preferring one the documents so far mention (the bridge entity).
+  Which retrieved documents count as found is r3rag.gold_docs' rule, as in eval's recall.
 
 Every query must be grounded: a value or title the oracle puts into a query must occur (at least
 half of its content words) in the question or in a document it retrieved earlier, so it never
@@ -37,6 +38,7 @@ from pathlib import Path
 from r3rag.env import Trajectory
 from r3rag.errors import UserError
 from r3rag.generation.scripted import ScriptedGenerator
+from r3rag.gold_docs import flat, gold_docs, title_key
 from r3rag.metrics import cover_match, exact_match
 from r3rag.protocol import Protocol
 
@@ -48,9 +50,8 @@ def gold_kind(question: dict) -> str | None:
         return "chain"
     if meta.get("question_decomposition") and meta.get("paragraphs"):
         return "decomposition"
-    if meta.get("supporting_titles"):
-        return "titles"
-    return None
+    gold = gold_docs(question)
+    return "titles" if gold is not None and gold.by == "title" else None
 
 
 def chain_kind(question: dict) -> str:
@@ -97,7 +98,7 @@ def oracle_hops(question: dict) -> list[dict]:
             {
                 "query": query,
                 "fact": f'The answer to "{query}" is {sub["answer"]}.',
-                "gold": (para["title"], _norm(para["text"])),
+                "gold": (title_key(para["title"]), _norm(para["text"])),
                 "uses": [answers[k - 1] for k in refs],
             }
         )
@@ -126,11 +127,11 @@ def oracle_generator(questions: list[dict], protocol: Protocol, tokenizer=None) 
 
 def _title_step(traj: Trajectory, q: dict, protocol: Protocol, step: int) -> str:
     """HotpotQA/2Wiki: the question first, then a missing gold title (a mentioned one first), then answer."""
-    titles = q["metadata"]["supporting_titles"]
+    gold = gold_docs(q)
+    titles = gold.names
     if step == 1:
         return protocol.search_turn(q["question"], "I start by searching for the question itself.", step)
-    found = {d["title"] for docs in traj.documents for d in docs}
-    missing = [t for t in titles if t not in found]
+    missing = gold.missing(flat(traj.documents))
     if not missing or step > len(titles) + 1:
         return protocol.answer_turn(
             q["golden_answers"][0], f"The documents about {' and '.join(titles)} give the answer.", step
@@ -184,7 +185,7 @@ def verify_evidence(traj: Trajectory, question: dict) -> tuple[bool, str]:
         hit = (
             hop["doc_id"] in [d["id"] for d in docs]
             if kind == "chain"
-            else hop["gold"] in {(d["title"], _norm(d["text"])) for d in docs}
+            else hop["gold"] in {(title_key(d["title"]), _norm(d["text"])) for d in docs}
         )
         if not hit:
             return False, f"retrieval_miss:hop{i + 1}"
@@ -192,14 +193,13 @@ def verify_evidence(traj: Trajectory, question: dict) -> tuple[bool, str]:
 
 
 def _verify_titles(traj: Trajectory, question: dict) -> tuple[bool, str]:
-    titles = question["metadata"]["supporting_titles"]
+    gold = gold_docs(question)
     for i, query in enumerate(traj.queries[1:], start=1):  # the first query is the question itself
         seen = _words(question["question"] + " " + _seen_text(traj, upto=i))
         if not _grounded(query, seen):
             return False, f"ungrounded:hop{i + 1}"
-    found = {d["title"] for docs in traj.documents for d in docs}
-    missing = [t for t in titles if t not in found]
-    return (False, f"retrieval_miss:{len(missing)}_of_{len(titles)}") if missing else (True, "ok")
+    missing = gold.missing(flat(traj.documents))
+    return (False, f"retrieval_miss:{len(missing)}_of_{len(gold.names)}") if missing else (True, "ok")
 
 
 def _seen_text(traj: Trajectory, upto: int | None = None) -> str:

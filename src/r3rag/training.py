@@ -158,7 +158,7 @@ def checkpointing_flag(enabled: bool) -> dict:
 
 def device_flags(bf16: bool | str) -> dict:
     """Trainer flags: CPU when there is no GPU; bf16 autocast where the hardware has it ("auto") or as asked."""
-    import torch  # here, not at the top: the stage modules import this one, and `r3rag --help` them all
+    import torch  # here, not at the top: stage modules import this one, and `r3rag <stage> --help` its stage
 
     from r3rag.errors import UserError
 

@@ -5,7 +5,7 @@ instead of from a search. `GoldRetriever` looks a question's text up and returns
 so the rollout loop's `rag` mode (documents in a `qa` reader's prompt) runs it unchanged, in
 synthesis (reader training data) as in evaluation. Gold documents are `metadata.supporting_docs`
 (corpus ids: the synthetic world) or else `metadata.supporting_titles` (real data: the first
-corpus document with each title). They come in an order shuffled per question id, so a reader
+corpus document with each title), matched as r3rag.gold_docs matches them. They come in an order shuffled per question id, so a reader
 learns to find the answering document by its names, not by its place.
 
 Usage::
@@ -19,33 +19,21 @@ from __future__ import annotations
 import random
 
 from r3rag.errors import UserError
+from r3rag.gold_docs import doc_key, require_gold_docs
 from r3rag.protocol import Hit
-
-
-def gold_doc_keys(question: dict) -> tuple[str, list[str]]:
-    """("id", doc ids) or ("title", titles): how the question names its gold documents."""
-    meta = question.get("metadata") or {}
-    if meta.get("supporting_docs"):
-        return "id", list(meta["supporting_docs"])
-    if meta.get("supporting_titles"):
-        return "title", list(meta["supporting_titles"])
-    raise UserError(
-        f"question {question.get('id')!r}: no gold documents (metadata.supporting_docs or "
-        "supporting_titles); the gold reader needs them"
-    )
 
 
 class GoldRetriever:
     """Question text -> that question's gold documents, as `Hit`s (score 1.0)."""
 
     def __init__(self, docs: list[dict], questions: list[dict]):
-        by_id = {str(d["id"]): d for d in docs}
-        by_title: dict[str, dict] = {}
+        tables: dict[str, dict[str, dict]] = {"id": {}, "title": {}}
         for d in docs:
-            by_title.setdefault(_norm(d["title"]), d)
+            for by, table in tables.items():
+                table.setdefault(doc_key(d, by), d)  # a title shared by several documents: the first
         self.gold: dict[str, list[Hit]] = {}
         for q in questions:
-            hits = _gold_hits(q, by_id, by_title)
+            hits = _gold_hits(q, tables)
             if self.gold.get(q["question"], hits) != hits:
                 raise UserError(
                     f"question {q.get('id')!r}: another question has the same text but other gold "
@@ -60,18 +48,13 @@ class GoldRetriever:
         return [list(self.gold[q]) for q in queries]
 
 
-def _gold_hits(q: dict, by_id: dict[str, dict], by_title: dict[str, dict]) -> list[Hit]:
-    kind, keys = gold_doc_keys(q)
-    table = by_id if kind == "id" else by_title
+def _gold_hits(q: dict, tables: dict[str, dict[str, dict]]) -> list[Hit]:
+    gold = require_gold_docs(q, "the gold reader")
     docs = []
-    for key in keys:
-        doc = table.get(str(key) if kind == "id" else _norm(key))
+    for name in gold.names:
+        doc = tables[gold.by].get(gold.name_key(name))
         if doc is None:
-            raise UserError(f"question {q.get('id')!r}: gold document {key!r} is not in the corpus")
+            raise UserError(f"question {q.get('id')!r}: gold document {name!r} is not in the corpus")
         docs.append(doc)
     random.Random(str(q["id"])).shuffle(docs)  # the chain's order would tell the reader which one answers
     return [Hit(str(d["id"]), 1.0, d["title"], d["text"]) for d in docs]
-
-
-def _norm(title: str) -> str:
-    return " ".join(title.lower().split())

@@ -29,6 +29,9 @@ in every split. ``named`` adds, for that share of chain questions, a twin that n
 intermediate entity (see r3rag.data.world_questions). Neither setting changes the chain
 questions: with both at 0 a world is what it was before they existed, and with them the test
 split's chain questions and every chain question's id and text stay the same.
+
+The settings are `WorldConfig` (r3rag.data.world_config), the text pools and templates
+r3rag.data.world_text (both re-exported here), the question builders r3rag.data.world_questions.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from __future__ import annotations
 import random
 from dataclasses import dataclass, field
 
+from r3rag.data.world_config import WorldConfig, fresh_world_config, world_config_from
 from r3rag.data.world_questions import chain_question, fact_doc_id, with_named_twins
 from r3rag.data.world_text import (  # noqa: F401  (re-exported: the world's text lives in world_text)
     CITY_NAMES,
@@ -72,33 +76,6 @@ __all__ = [
     "chain_names",
     "world_config_from",
 ]
-
-
-@dataclass
-class WorldConfig:
-    seed: int = 0
-    n_clusters: int = 60
-    test_clusters: int = 6
-    people_per_cluster: int = 40
-    companies_per_cluster: int = 8
-    universities_per_cluster: int = 3
-    n_cities: int = 120
-    n_countries: int = 30
-    # "facts": one sentence per fact, each "<name> <relation phrase> <value> ." (copyable);
-    # "prose": one varied sentence per entity stating all its facts (harder to read).
-    doc_style: str = "facts"
-    # "fact": one document per fact (a retrieved fact can be restated by copying it);
-    # "entity": one document per entity holding all its facts.
-    doc_unit: str = "fact"
-    # Harder worlds: phrasings per relation in fact documents (1 = the canonical phrase only;
-    # queries always use the canonical one), and "all" adds 3- and 4-hop question types.
-    paraphrases: int = 1
-    question_types: str = "basic"
-    # The clusters just before the test clusters form the dev split (settings are chosen on it;
-    # 0 = no dev split). They come out of train, so train and test chain questions keep their ids.
-    dev_clusters: int = 0
-    # Share of chain questions that also get a named twin (type "named", one retrieval away).
-    named: float = 0.0
 
 
 @dataclass
@@ -393,19 +370,6 @@ def generate_world(config: WorldConfig) -> World:
         for name, qs in splits.items()
     }
     return World(config=config, docs=docs, **splits)
-
-
-def world_config_from(saved: dict) -> WorldConfig:
-    """The WorldConfig inside a saved config (a world artifact's manifest), other keys ignored."""
-    return WorldConfig(**{k: saved[k] for k in WorldConfig.__dataclass_fields__ if k in saved})
-
-
-def fresh_world_config(base: WorldConfig, i: int, clusters: int = 0) -> WorldConfig:
-    """The i-th freshly generated world beside `base` (training mixes, base-model text): the same
-    settings, a seed disjoint from `base.seed`, and `clusters` clusters all in train (0 = as base).
-    A fresh world has no dev split: nothing is tuned on it, so its dev clusters train too."""
-    size = {"n_clusters": clusters, "test_clusters": 0} if clusters else {}
-    return WorldConfig(**{**base.__dict__, "seed": base.seed * 100_003 + 7_919 * (i + 1), "dev_clusters": 0, **size})
 
 
 def chain_names(questions: list[dict]) -> set[str]:

@@ -19,7 +19,7 @@ import string
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from r3rag.data.world import WorldConfig
+    from r3rag.data.world_config import WorldConfig
 
 # ---------------------------------------------------------------------------
 # Templates.  Placeholders are named after the relation keyword they hold, so

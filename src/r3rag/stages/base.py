@@ -131,6 +131,7 @@ def train_lm(model, tokenizer, texts: list[str], cfg: Config, out_dir) -> dict:
     from datasets import Dataset
     from trl import SFTConfig
 
+    from r3rag.observe import show_progress
     from r3rag.trainers import FastSFTTrainer
     from r3rag.training import checkpointing_flag, device_flags
 
@@ -156,6 +157,7 @@ def train_lm(model, tokenizer, texts: list[str], cfg: Config, out_dir) -> dict:
         **device_flags(cfg.bf16),
     )
     trainer = FastSFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tokenizer)
+    show_progress(trainer, "base")
     result = trainer.train()
     n_tokens = len(seqs) * cfg.max_length
     return {

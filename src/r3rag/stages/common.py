@@ -17,15 +17,18 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-import torch
 from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.text import Text
 
 from r3rag.artifacts import FILE, ArtifactRef, ArtifactWriter, default_runs_dir, file_sha256, load_manifest, resolve
+from r3rag.config import hashed_settings
 from r3rag.errors import UserError
-from r3rag.jsonl import iter_numbered, unique_by_id
+from r3rag.jsonl import iter_numbered, read_jsonl, unique_by_id
+
+if TYPE_CHECKING:
+    from rich.progress import Progress
 
 
 @dataclass
@@ -46,13 +49,11 @@ class Context:
             raise
 
     def writer(self, stage: str, cfg, inputs: dict[str, ArtifactRef], input_fields: dict[str, str]) -> ArtifactWriter:
-        config = dataclasses.asdict(cfg)
-        # Input refs ("world:latest" or a path) are hashed by content, not by how they were named.
-        # Settings a config class lists in UNHASHED (how to run: resume, logging) do not change the artifact.
-        skip = set(input_fields) | set(getattr(cfg, "UNHASHED", ()))
-        hashed = {k: v for k, v in config.items() if k not in skip}
+        # Input refs ("world:latest" or a path) are hashed by content, not by how they were named;
+        # settings declared with `config.unhashed` (how to run: threads, resume, logging) not at all.
+        hashed = {k: v for k, v in hashed_settings(cfg).items() if k not in input_fields}
         w = ArtifactWriter(stage, cfg.name, hashed, inputs, self.runs_dir, seed=getattr(cfg, "seed", None))
-        w.config = config
+        w.config = dataclasses.asdict(cfg)
         self.writers.append(w)
         return w
 
@@ -67,6 +68,9 @@ class Context:
         return w.ref
 
     def progress(self) -> Progress:
+        # Imported here: `r3rag <stage> --help` imports this module, and needs no progress bar.
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
         return Progress(
             TextColumn("{task.description}"),
             BarColumn(),
@@ -142,6 +146,24 @@ def load_questions(path: str | Path, limit: int = 0) -> list[dict]:
     return out
 
 
+@dataclass
+class QuestionSource:
+    """Where a stage's questions come from, the same keys in every stage that reads questions
+    (synthesize, rl, eval extend it): the world artifact's `split`, or a question file."""
+
+    world: str = "world:latest"  # the questions: world/<split>.jsonl, or...
+    questions: str = ""  # ...a question JSONL file (what `r3rag import` writes)
+    split: str = "train"
+    limit: int = 0  # the first N questions (0 = all)
+
+    def read_questions(self, inputs: dict[str, ArtifactRef]) -> list[dict]:
+        """The questions, from the resolved `questions` file input, else the `world` artifact."""
+        if "questions" in inputs:
+            return load_questions(inputs["questions"].path, limit=self.limit)
+        rows = read_jsonl(inputs["world"].path / f"{self.split}.jsonl", required=("id", "question", "golden_answers"))
+        return [{**q, "id": str(q["id"])} for q in (rows[: self.limit] if self.limit else rows)]
+
+
 def _question(row: dict, where: str) -> dict:
     for key in ("id", "question", "golden_answers"):
         if key not in row:
@@ -161,5 +183,7 @@ def _question(row: dict, where: str) -> dict:
 def set_threads(n: int) -> None:
     """CPU threads for torch; 0 = leave torch's default."""
     if n > 0:
+        import torch  # here, not at the top: `r3rag <stage> --help` imports this module; torch takes seconds
+
         torch.set_num_threads(n)
         os.environ.setdefault("OMP_NUM_THREADS", str(n))

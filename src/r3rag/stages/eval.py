@@ -40,16 +40,26 @@ import json
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from r3rag.artifacts import ArtifactRef, resolve
-from r3rag.env import EnvConfig, run_rollouts
+from r3rag.config import unhashed
+from r3rag.env import EnvSettings, run_rollouts
 from r3rag.errors import UserError
 from r3rag.eval_metrics import print_table, stage_seconds, summarize, to_prediction
 from r3rag.eval_tables import comparison_table, dataset_table, paired_comparisons
 from r3rag.jsonl import read_jsonl, write_jsonl
 from r3rag.judge import AnswerJudge, JudgeSpec
 from r3rag.retrieval import is_url, open_retriever
-from r3rag.stages.common import FILE, Context, load_questions, model_location, model_ref, resolve_inputs, set_threads
+from r3rag.stages.common import (
+    FILE,
+    Context,
+    QuestionSource,
+    model_location,
+    model_ref,
+    resolve_inputs,
+    set_threads,
+)
 from r3rag.systems import System, SystemSpec, check_spec, is_policy_artifact, load_system, weights_source
 
 INPUTS = {"world": "world", "questions": FILE, "index": "index", "sft": "sft", "rl": "rl"}
@@ -57,12 +67,8 @@ BUILTINS = {"direct": "direct", "rag": "rag", "gold": "gold", "sft": "iterative"
 
 
 @dataclass
-class Config:
-    UNHASHED = ("static_cache",)  # how to decode, not what is measured: the same tokens either way
-
+class Config(EnvSettings, QuestionSource):  # top_k, max_turns, max_new_tokens; world, questions, split, limit
     name: str = "default"
-    world: str = "world:latest"
-    questions: str = ""  # an imported questions file (r3rag import) instead of the world's split
     index: str = "index:latest"
     retriever: str = ""  # a retrieval server URL (http://...) to search instead of the index
     retrievers: list[str] = field(default_factory=list)  # several (index refs or URLs): retriever transfer
@@ -71,19 +77,17 @@ class Config:
     systems: list[str] = field(default_factory=lambda: ["direct", "rag", "sft", "rl"])
     models: dict[str, SystemSpec] = field(default_factory=dict)  # more systems, by name
     baseline_policy: str = "sft"  # the model `direct` and `rag` use
-    split: str = "test"
+    split: str = "test"  # held-out questions
     limit: int = 400
-    top_k: int = 3
-    max_turns: int = 6
-    max_new_tokens: int = 48
-    batch_size: int = 128
-    static_cache: bool = False  # transformers systems: compiled static-cache decoding (GPUs; same tokens)
-    backend: str = "transformers"  # or vllm: model systems generate with an in-process vLLM engine (GPUs)
+    batch_size: int = 128  # sequences per generate call; hashed: sampled draws depend on the batches
+    # transformers systems: compiled static-cache decoding (GPUs); how to decode, not what is measured (same tokens)
+    static_cache: bool = unhashed(False)
+    backend: Literal["transformers", "vllm"] = "transformers"  # vllm: model systems use an in-process engine (GPUs)
     temperature: float = 0.0  # 0 = greedy
     n_samples: int = 1  # draws per question when sampling
     judge: JudgeSpec = field(default_factory=JudgeSpec)
     compare_to: list[str] = field(default_factory=list)  # systems every other one is compared with (paired bootstrap)
-    threads: int = 0
+    threads: int = unhashed(0)  # CPU threads: how fast, not what is measured
     seed: int = 0
 
 
@@ -116,12 +120,7 @@ def run(cfg: Config, ctx: Context):
         print_table(json.loads((writer.existing.path / "metrics.json").read_text()), ctx.console)
         return ctx.skipped(writer)
     set_threads(cfg.threads)
-    questions = (
-        load_questions(inputs["questions"].path, limit=cfg.limit)
-        if "questions" in inputs
-        else read_jsonl(inputs["world"].path / f"{cfg.split}.jsonl", required=("id", "question", "golden_answers"))
-    )
-    questions = questions[: cfg.limit] if cfg.limit else questions
+    questions = cfg.read_questions(inputs)
     judge = AnswerJudge.from_spec(cfg.judge) if cfg.judge.endpoint else None
     check_vllm_weights(cfg, specs, policies)
     engines: dict = {}  # vLLM engines by weights: direct, rag and sft on the sft policy share one
@@ -176,8 +175,6 @@ def validate(cfg: Config) -> None:
     system_specs(cfg)
     if cfg.n_samples < 1:
         raise UserError("eval.n_samples: must be at least 1")
-    if cfg.backend not in ("transformers", "vllm"):
-        raise UserError(f"eval.backend: expected transformers or vllm, got {cfg.backend!r}")
 
 
 def model_artifacts(specs: dict[str, SystemSpec], ctx: Context) -> dict[str, ArtifactRef]:
@@ -291,9 +288,8 @@ def evaluate_system(
     system: System, questions: list[dict], retriever, cfg: Config, ctx: Context, label: str
 ) -> tuple[list[dict], float]:
     """Prediction rows (one per question and sample) and the wall seconds they took."""
-    top_k = getattr(system, "top_k", 0) or cfg.top_k  # a system's own depth (rag3, rag5) wins over eval's
     mode = "rag" if system.mode == "gold" else system.mode  # the gold retriever stands in for the search
-    env_cfg = EnvConfig(mode=mode, top_k=top_k, max_turns=cfg.max_turns, max_new_tokens=cfg.max_new_tokens)
+    env_cfg = cfg.env_config(mode, top_k=system.top_k)  # a system's own depth (rag3, rag5) wins over eval's
     n_samples = cfg.n_samples if cfg.temperature > 0 else 1
     rows, chunk = [], cfg.batch_size * 4
     t0 = time.perf_counter()

@@ -1,9 +1,10 @@
 """`r3rag report`: one table over several eval artifacts, plus a bar chart and a trajectory viewer.
 
 Writes `report.md`, `report.csv`, `em_f1.png` (EM/F1 per system and dataset, 95%
-intervals as whiskers) and `viewer.html` (one self-contained file: per question the steps,
-queries, retrieved documents with the gold ones highlighted, the answer and whether it is
-right; a checkbox filters to failures), and prints the table.
+intervals as whiskers) and `viewer.html` (one self-contained file grouped by question: every
+system's steps, queries, retrieved documents with the gold ones highlighted, answer and whether
+it is right, side by side; filters by outcome and by data set; it opens on a question where the
+systems disagree), and prints the table.
 
 Usage:
 
@@ -28,7 +29,7 @@ INPUTS: dict[str, str] = {}  # the eval artifacts come as a list: see `evals`
 class Config:
     name: str = "default"
     evals: list[str] = field(default_factory=lambda: ["eval:latest"])
-    max_per_system: int = 300  # trajectories per system in the viewer
+    max_per_system: int = 300  # questions per eval in the viewer, with every system (= trajectories per system)
     screenshot: bool = False  # also write viewer.png with headless Chromium
 
 

@@ -6,7 +6,10 @@ Each process rolls out its share of every step's prompts through the environment
 components (em, f1, cover, format, search_r1_format, judge, relevance, r3rag: see
 `r3rag.rewards` for the formulas); every component is logged each step, weight 0 = logged
 only. Starts from an SFT policy artifact, or from any transformers model (`model=`, the
-Search-R1 recipe: RL from a base model).
+Search-R1 recipe: RL from a base model). The GRPO, rollout, dev-evaluation and checkpoint
+settings are typed in r3rag.grpo_settings (`GRPOSettings`, which Config extends), beside the
+code that builds the trainer; the questions' keys (world, questions, split, limit) are the
+`QuestionSource` every stage shares.
 
 Against flat or collapsing GRPO (each off by default; the seed papers' recipes in pipelines/):
 a small KL term (`beta`, 0.001 in Search-R1 and DeepSeek-R1), clip-higher (`epsilon_high`,
@@ -45,10 +48,11 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Literal
 
 from r3rag.artifacts import ArtifactRef, load_manifest
+from r3rag.config import unhashed
 from r3rag.errors import UserError
+from r3rag.grpo_settings import GRPOSettings, check_settings
 from r3rag.jsonl import read_jsonl
 from r3rag.protocol import DocStyle, Protocol, Template
 from r3rag.retrieval import is_url, open_retriever
@@ -56,6 +60,7 @@ from r3rag.rewards import RewardSettings
 from r3rag.stages.common import (
     FILE,
     Context,
+    QuestionSource,
     add_model_input,
     load_questions,
     model_location,
@@ -68,9 +73,7 @@ INPUTS = {"policy": "sft", "world": "world", "index": "index", "questions": FILE
 
 
 @dataclass
-class Config:
-    UNHASHED = ("resume", "report_to", "threads")  # how to run, not what is trained
-
+class Config(GRPOSettings, QuestionSource):  # r3rag.grpo_settings; world, questions, split, limit: QuestionSource
     name: str = "default"
     policy: str = "sft:latest"
     model: str = ""  # start from this transformers model (id or path) instead of a policy artifact
@@ -78,76 +81,22 @@ class Config:
     doc_style: DocStyle = "search-r1"  # document rendering,
     chat: bool = False  # and the tokenizer's chat template around the prompt (instruct models)
     max_doc_chars: int | None = None  # document truncation (characters); None = as the policy was trained
-    world: str = "world:latest"  # the questions: world/<split>.jsonl, or...
-    questions: str = ""  # ...a question JSONL file (what `r3rag import` writes)
     index: str = "index:latest"
     retriever: str = ""  # a retrieval server URL (http://...) to search instead of the index
-    split: str = "train"
-    limit: int = 0
-    # GRPO
-    steps: int = 20  # optimizer steps
-    prompts_per_step: int = 8  # questions per optimizer step, over all processes
-    num_generations: int = 8  # group size
-    steps_per_generation: int = 1  # optimizer steps per rollout batch
-    num_iterations: int = 1  # passes over each rollout batch (mu)
-    grad_accum: int = 1
-    lr: float = 1e-5
-    lr_scheduler: str = "constant"
-    warmup_ratio: float = 0.0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
-    beta: float = 0.0  # KL coefficient (0: no reference model; Search-R1 and DeepSeek-R1 use 0.001)
-    # TRL's loss normalisation: dapo (tokens of the whole batch), grpo (per sequence), dr_grpo (Dr. GRPO: a
-    # constant, max_completion_tokens), bnpo (tokens of the local batch); cispo, sapo, luspo, vespo: TRL's others
-    loss_type: Literal["dapo", "grpo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo"] = "dapo"
-    # advantage = reward - group mean, divided by the group's std (group), the batch's (batch) or nothing
-    # (none: Dr. GRPO, no question-difficulty bias)
-    scale_rewards: Literal["group", "batch", "none"] = "group"
-    epsilon: float = 0.2  # clip range of the probability ratio
-    epsilon_high: float | None = None  # upper clip bound (clip-higher; DAPO: 0.28); None = epsilon
-    dynamic_sampling: bool = False  # DAPO: replace groups whose rewards have zero variance with fresh questions
-    dynamic_sampling_rounds: int = 4  # refill rounds per rollout batch before flat groups are let through
-    # process reward (relevance, r3rag): folded into the trajectory's reward, or credited to each search step's tokens
-    process_credit: Literal["trajectory", "step"] = "trajectory"
-    # rollouts
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 3  # documents per search
-    max_turns: int = 6
-    max_new_tokens: int = 48  # token budget per model turn
-    max_completion_tokens: int = 512  # token budget per trajectory (model + documents)
-    gen_batch_size: int = 64
-    mask_retrieved: bool = True  # no loss on retrieved tokens (false: Search-R1's ablation)
-    static_cache: bool = False  # transformers: compiled static-cache decoding (GPUs; see benchmarks/gpu.sh)
-    vllm: str = "auto"  # auto (colocate where vLLM is installed and a GPU present), "" (transformers), colocate, server
-    vllm_server_url: str = ""
-    vllm_gpu_memory: float = 0.3
     # rewards
     rewards: dict = field(default_factory=lambda: {"em": 1.0, "format": 0.0})  # component -> weight
     reward: RewardSettings = field(default_factory=RewardSettings)
     # model
     lora: bool = False
     lora_settings: LoraSettings = field(default_factory=LoraSettings)
-    bf16: bool | str = "auto"  # true, false or auto (bf16 where supported)
-    gradient_checkpointing: bool = False
-    # dev evaluation during training
-    eval_every: int = 0  # greedy dev EM every N steps (and before the first, and at the last); 0 = off
-    eval_questions: str = ""  # a question JSONL file; "" = the world's dev.jsonl
-    eval_limit: int = 200  # dev questions evaluated (0 = all)
-    keep: Literal["last", "best_dev"] = "last"  # the published policy: the last step, or the best on dev
-    # observe and resume
-    save_steps: int = 10  # checkpoint every N steps (0 = never)
-    keep_checkpoints: int = 2
-    resume: bool = False
-    report_to: list[str] = field(default_factory=list)  # tensorboard, wandb...
+    eval_questions: str = ""  # dev questions for eval_every: a question JSONL file; "" = the world's dev.jsonl
+    # observe and resume (resume and threads: how to run, not what is trained)
+    resume: bool = unhashed(False)
     rollout_samples: int = 4  # trajectories saved per step and process to rollouts.jsonl
-    threads: int = 0
-    seed: int = 0
+    threads: int = unhashed(0)
 
 
 def validate(cfg: Config) -> None:
-    from r3rag.grpo import check_settings
-
     check_settings(cfg)
 
 
@@ -175,7 +124,7 @@ def run(cfg: Config, ctx: Context):
     work = writer.final.parent / f".work-{writer.id}"
     resume_from = _prepare_work(work, cfg.resume, state)
     model, tokenizer, protocol_dict, base = _start(cfg, inputs)
-    questions = _questions(cfg, inputs)
+    questions = cfg.read_questions(inputs)
     if state.is_main_process:
         ctx.console.print(f"rl: rollouts with {f'vLLM ({backend})' if backend else 'transformers'}")
     t0 = time.time()
@@ -266,13 +215,6 @@ def _start(cfg: Config, inputs):
     return model, tokenizer, protocol_dict, base
 
 
-def _questions(cfg: Config, inputs) -> list[dict]:
-    if "questions" in inputs:
-        return load_questions(inputs["questions"].path, limit=cfg.limit)
-    questions = read_jsonl(inputs["world"].path / f"{cfg.split}.jsonl", required=("id", "question", "golden_answers"))
-    return questions[: cfg.limit] if cfg.limit else questions
-
-
 def _dev_questions(cfg: Config, inputs) -> list[dict]:
     """The questions `eval_every` evaluates on: `eval_questions`, else the world's dev.jsonl."""
     if not cfg.eval_every:
@@ -289,16 +231,16 @@ def _dev_questions(cfg: Config, inputs) -> list[dict]:
     return questions[: cfg.eval_limit] if cfg.eval_limit else questions
 
 
-def _trainer(cfg, model, tokenizer, protocol_dict, questions, dev, inputs, work: Path, rank: int):
+def _trainer(cfg: Config, model, tokenizer, protocol_dict, questions, dev, inputs, work: Path, rank: int):
     from r3rag.grpo import build_trainer
-    from r3rag.observe import MetricsLog, RolloutSampler
+    from r3rag.observe import MetricsLog, RolloutSampler, show_progress
     from r3rag.rewards import RewardScorer
 
     protocol = Protocol(**protocol_dict)
     scorer = RewardScorer(cfg.rewards, cfg.reward, protocol, step_credit=cfg.process_credit == "step")
     retriever = open_retriever(cfg.retriever, inputs.get("index"))
     sampler = RolloutSampler(work / f"rollouts.rank{rank}.jsonl", cfg.rollout_samples, rank)
-    return build_trainer(
+    trainer = build_trainer(
         model,
         tokenizer,
         questions,
@@ -311,6 +253,7 @@ def _trainer(cfg, model, tokenizer, protocol_dict, questions, dev, inputs, work:
         sampler=sampler,
         dev_questions=dev,
     )
+    return show_progress(trainer, "rl")
 
 
 def _kept(cfg: Config, work: Path, last_step: int) -> dict:

@@ -28,14 +28,15 @@ import random
 import shutil
 import time
 from dataclasses import dataclass, field
+from typing import Literal
 
+from r3rag.config import unhashed
 from r3rag.errors import UserError
 from r3rag.jsonl import read_jsonl
 from r3rag.stages.common import Context, add_model_input, model_location, resolve_inputs, set_threads
 from r3rag.training import LoraSettings, save_policy, tokenize_steps, tokenize_trajectory
 
 INPUTS = {"data": "synthesize", "world": "world", "base": "base"}
-VIEWS = ("trajectory", "step")
 
 
 @dataclass
@@ -59,16 +60,14 @@ class Config:
     warmup_ratio: float = 0.03
     weight_decay: float = 0.0
     max_length: int = 1024
-    view: str = "trajectory"  # or step: one sample per step (R3-RAG)
+    view: Literal["trajectory", "step"] = "trajectory"  # step: one sample per step (R3-RAG)
     limit: int = 0  # 0 = all trajectories
     bf16: bool | str = "auto"  # true, false or auto (bf16 where supported)
-    threads: int = 0
+    threads: int = unhashed(0)  # CPU threads: how fast, not what is trained
     seed: int = 0
 
 
 def run(cfg: Config, ctx: Context):
-    if cfg.view not in VIEWS:
-        raise UserError(f"sft.view: expected one of {', '.join(VIEWS)}, got {cfg.view!r}")
     fields = {k: v for k, v in INPUTS.items() if getattr(cfg, k)}
     inputs = resolve_inputs(cfg, fields, ctx)
     writer = ctx.writer("sft", cfg, inputs, add_model_input(cfg.model, inputs, INPUTS, ctx))
@@ -144,6 +143,7 @@ def train_sft(model, tokenizer, rows, cfg: Config, out_dir, ctx: Context, protoc
     from datasets import Dataset
     from trl import SFTConfig
 
+    from r3rag.observe import show_progress
     from r3rag.trainers import FastSFTTrainer
     from r3rag.training import checkpointing_flag, device_flags
 
@@ -173,6 +173,7 @@ def train_sft(model, tokenizer, rows, cfg: Config, out_dir, ctx: Context, protoc
         **device_flags(cfg.bf16),
     )
     trainer = FastSFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tokenizer)
+    show_progress(trainer, "sft", ctx.console)
     result = trainer.train()
     n_tokens = sum(len(e[0]) for e in encoded)
     return {

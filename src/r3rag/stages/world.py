@@ -30,6 +30,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
+from r3rag.config import unhashed
 from r3rag.data.world import WorldConfig, generate_world, world_vocabulary
 from r3rag.errors import UserError
 from r3rag.jsonl import write_jsonl
@@ -40,8 +41,6 @@ INPUTS: dict[str, str] = {}
 
 @dataclass
 class Config(WorldConfig):
-    UNHASHED = ("data_root",)  # where the files are, not what they hold (their content is hashed)
-
     name: str = "default"
     probe_top_k: int = 3  # k for the question-only retrieval probe
     source: str = "synthetic"  # synthetic (generated) or files (real questions and passages)
@@ -50,7 +49,7 @@ class Config(WorldConfig):
     test: list[str] = field(default_factory=list)
     corpus: list[str] = field(default_factory=list)  # passage files (FlashRAG contents or id/title/text)
     limits: dict[str, int] = field(default_factory=dict)  # split -> first N questions of each file (0 = all)
-    data_root: str = ""  # "" = $R3RAG_DATA or ../shared/data
+    data_root: str = unhashed("")  # "" = $R3RAG_DATA or ../shared/data (the files are hashed, not their place)
 
 
 def validate(cfg: Config) -> None:
