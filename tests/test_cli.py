@@ -26,8 +26,21 @@ COMMANDS = [
 
 @pytest.mark.parametrize("cmd", COMMANDS)
 def test_help_is_useful(cmd):
+    """`--help` shows the command's usage line, the start of its own summary and every option it takes."""
+    import typer.main
+
+    from r3rag.cli import app
+
+    command = typer.main.get_command(app).commands[cmd]
     out = r3rag(cmd, "--help")
-    assert out.returncode == 0 and "Usage" in out.stdout and len(out.stdout) > 200
+    assert out.returncode == 0 and f" {cmd} [OPTIONS]" in out.stdout, out.stdout
+    text = " ".join(out.stdout.replace("│", " ").replace("`", "").split())  # as rendered: panels, no code marks
+    summary = " ".join((command.help or "").replace("`", "").split()[:4])
+    assert summary and summary in text, (summary, text[:500])
+    options = [p.opts[0] for p in command.params if p.param_type_name == "option" and not p.hidden]
+    assert options
+    for option in options:
+        assert option in out.stdout, option
 
 
 def test_missing_config_file(tmp_path):

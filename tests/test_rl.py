@@ -261,13 +261,13 @@ def test_vllm_auto_uses_vllm_only_where_it_is_installed_and_a_gpu_is_present(mon
 @pytest.mark.parametrize("name", ["search-r1-qwen2.5-3b.yaml", "r3rag-qwen2.5-7b.yaml", "demo.yaml"])
 def test_recipe_pipelines_parse_with_the_config_loader(name):
     from r3rag.config import build_config
-    from r3rag.pipeline import _load_pipeline, _section, _stage_module
-    from r3rag.stages import STAGE_ORDER
+    from r3rag.pipeline import _load_pipeline, _section
+    from r3rag.stages import STAGE_ORDER, stage_module
 
     path = ROOT / "pipelines" / name
     data = _load_pipeline(path)
     stages = data.get("stages") or [s for s in STAGE_ORDER if s in data]
-    configs = {s: build_config(_stage_module(s).Config, _section(data, s, path), where=f"{path}: {s}") for s in stages}
+    configs = {s: build_config(stage_module(s).Config, _section(data, s, path), where=f"{path}: {s}") for s in stages}
     assert "rl" in configs
     if name != "demo.yaml":
         rl = configs["rl"]

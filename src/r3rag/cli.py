@@ -4,8 +4,14 @@ Usage:
     r3rag world --seed 7
     r3rag sft --config pipelines/demo.yaml --set epochs=2
     r3rag run pipelines/demo.yaml --set world.seed=7
+    r3rag --verbose sft              # also the libraries' own progress bars, warnings and logs
     r3rag runs
     r3rag serve-retriever --index index:latest --port 8000
+
+`r3rag --help` and `r3rag <stage> --help` take a fraction of a second: this module imports no stage
+module (a stage's help is read from its module when shown: `_StageCommand`), and a stage module
+imports torch, transformers, TRL and datasets inside the functions that use them, never at its top
+or at the top of what it imports (tests/test_cli_speed.py).
 """
 
 from __future__ import annotations
@@ -17,8 +23,10 @@ from pathlib import Path
 from typing import Annotated
 
 import typer
+from typer.core import TyperCommand
 
 from r3rag.errors import UserError
+from r3rag.stages import STAGE_ORDER, STAGES, stage_module
 
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
@@ -29,8 +37,30 @@ app = typer.Typer(
     pretty_exceptions_enable=False,
     add_completion=False,
     rich_markup_mode="markdown",
+    add_help_option=False,  # the app's --help is `_options`' HelpOpt (see `_show_help`)
 )
 
+
+def _show_help(ctx: typer.Context, value: bool) -> None:
+    """The app's own --help, as Typer's. Typer's leaves its value None when not given, and turning
+    None into a bool imports pydantic: about a quarter of `r3rag <stage> --help`'s time."""
+    if value and not ctx.resilient_parsing:
+        typer.echo(ctx.get_help())
+        raise typer.Exit()
+
+
+HelpOpt = Annotated[
+    bool,
+    typer.Option("--help", is_eager=True, expose_value=False, callback=_show_help, help="Show this message and exit."),
+]
+VerboseOpt = Annotated[
+    bool,
+    typer.Option(
+        "--verbose",
+        "-v",
+        help="Also show what the libraries print: Hugging Face progress bars, warnings and logs (before the command).",
+    ),
+]
 ConfigOpt = Annotated[Path | None, typer.Option("--config", "-c", help="Pipeline YAML; this stage's section is used.")]
 SetOpt = Annotated[list[str] | None, typer.Option("--set", "-s", help="Override a config key: KEY=VALUE (repeatable).")]
 SeedOpt = Annotated[int | None, typer.Option("--seed", help="Shortcut for --set seed=N.")]
@@ -39,6 +69,14 @@ RunsOpt = Annotated[
 ]
 DebugOpt = Annotated[bool, typer.Option("--debug", help="Show tracebacks.")]
 ResumeOpt = Annotated[bool, typer.Option("--resume", help="Continue from the run's last checkpoint (same settings).")]
+
+
+@app.callback()
+def _options(verbose: VerboseOpt = False, help: HelpOpt = False):
+    # No docstring: Typer would show it in place of the app's help.
+    from r3rag import quiet
+
+    quiet.configure(verbose)  # before any command imports transformers, TRL or datasets
 
 
 def _guard(fn, debug: bool):
@@ -67,6 +105,36 @@ def _stderr_line(*parts) -> None:
     Console(stderr=True, soft_wrap=True).print(Text.assemble(*parts))
 
 
+class _StageSettings(TyperCommand):
+    """A command whose --help ends with its stage's settings and their defaults (what `--set`
+    accepts), read from the stage's module when the help is shown, not when the CLI starts."""
+
+    @property
+    def epilog(self) -> str:
+        import dataclasses
+
+        cfg = stage_module(self.name).Config()
+        keys = ", ".join(f"{f.name}={getattr(cfg, f.name)!r}" for f in dataclasses.fields(cfg))
+        return f"**Config keys** (`--set key=value`; defaults): {keys}"
+
+    @epilog.setter
+    def epilog(self, _) -> None:  # Typer sets one in __init__: the property above is the epilog
+        pass
+
+
+class _StageCommand(_StageSettings):
+    """A stage's command: its help is the stage module's docstring, read when shown. `r3rag --help`
+    lists it by its summary in the registry (`short_help`), importing no stage module."""
+
+    @property
+    def help(self) -> str:
+        return stage_module(self.name).__doc__
+
+    @help.setter
+    def help(self, _) -> None:
+        pass
+
+
 def _stage_command(stage: str):
     def command(
         config: ConfigOpt = None,
@@ -84,21 +152,7 @@ def _stage_command(stage: str):
 
         _guard(go, debug)
 
-    import importlib
-
-    module = importlib.import_module(f"r3rag.stages.{stage}")
-    command.__doc__ = module.__doc__
     return command
-
-
-def _config_epilog(stage: str) -> str:
-    """The stage's config keys and defaults, so `--help` shows what `--set` accepts."""
-    import dataclasses
-    import importlib
-
-    cfg = importlib.import_module(f"r3rag.stages.{stage}").Config()
-    keys = ", ".join(f"{f.name}={getattr(cfg, f.name)!r}" for f in dataclasses.fields(cfg))
-    return f"**Config keys** (`--set key=value`; defaults): {keys}"
 
 
 def _rl_command():
@@ -115,15 +169,15 @@ def _rl_command():
     ):
         base(config, list(set_ or []) + (["resume=true"] if resume else []), seed, runs_dir, debug)
 
-    command.__doc__ = base.__doc__
     return command
 
 
-for _stage in ("model", "world", "index", "synthesize", "base", "sft", "rl", "eval"):
-    app.command(_stage, epilog=_config_epilog(_stage))(_rl_command() if _stage == "rl" else _stage_command(_stage))
+for _stage in STAGE_ORDER:
+    _command = _rl_command() if _stage == "rl" else _stage_command(_stage)
+    app.command(_stage, cls=_StageCommand, short_help=STAGES[_stage])(_command)
 
 
-@app.command("report", epilog=_config_epilog("report"))
+@app.command("report", cls=_StageSettings)
 def report_cmd(
     evals: Annotated[
         list[str] | None, typer.Argument(help="Eval artifacts: eval:latest, eval:<id> or a directory.")
@@ -322,6 +376,13 @@ def serve_retriever_cmd(
             help="Seconds a connection has to send a request's headers (and its body), else it is closed.",
         ),
     ] = 10.0,
+    workers: Annotated[
+        int,
+        typer.Option(
+            "--workers",
+            help="Server processes on the one port (SO_REUSEPORT); they share the memory-mapped index.",
+        ),
+    ] = 1,
     runs_dir: RunsOpt = None,
     debug: DebugOpt = False,
 ):
@@ -332,15 +393,18 @@ def serve_retriever_cmd(
 
     def go():
         from r3rag.artifacts import resolve
-        from r3rag.retrieval.server import serve
+        from r3rag.retrieval.serving import serve
 
-        if max_batch < 1 or max_topk < 1 or header_timeout <= 0:
-            raise UserError("serve-retriever: --max-batch and --max-topk must be at least 1, --header-timeout above 0")
+        if max_batch < 1 or max_topk < 1 or header_timeout <= 0 or workers < 1:
+            raise UserError(
+                "serve-retriever: --max-batch, --max-topk and --workers must be at least 1, --header-timeout above 0"
+            )
         art = resolve(index, "index", runs_dir)
         serve(
             art.path / "index",
             host=host,
             port=port,
+            workers=workers,
             max_batch=max_batch,
             max_topk=max_topk,
             header_timeout=header_timeout,

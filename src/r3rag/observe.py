@@ -7,21 +7,27 @@
 - `RolloutSampler`: the first N trajectories of each step, per process, as JSONL.
 - `truncate_after(path, step)`: on resume, drop lines logged after the checkpoint.
 - `plot_rewards(metrics.jsonl, png)`: reward and each component against the step.
+- `show_progress(trainer, "sft")`: unless `--verbose`, `StepProgress` (one rich bar with the
+  latest loss / reward / dev EM; a line per tenth of the run when stderr is not a terminal) in
+  place of the Trainer's tqdm bar and the log dicts it prints.
 
 Usage:
     trainer = build_trainer(..., callbacks=[MetricsLog(work / "metrics.jsonl")],
                             sampler=RolloutSampler(work / "rollouts.rank0.jsonl", 4, rank=0))
+    trainer = show_progress(trainer, "rl")
     plot_rewards(work / "metrics.jsonl", out / "reward_curves.png")
 """
 
 from __future__ import annotations
 
 import json
+import math
 import time
 from pathlib import Path
 
 from transformers import TrainerCallback
 
+from r3rag import quiet
 from r3rag.jsonl import read_jsonl
 
 
@@ -54,6 +60,83 @@ class MetricsLog(TrainerCallback):
         }
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+def show_progress(trainer, label: str, console=None):
+    """`trainer` with r3rag's StepProgress in place of its tqdm bar and printed logs, unless
+    `--verbose` (then the Trainer's own display stays). Returns the trainer."""
+    if quiet.is_verbose():
+        return trainer
+    from transformers import PrinterCallback, ProgressCallback
+
+    trainer.remove_callback(ProgressCallback)  # the one a Trainer with disable_tqdm=False has
+    trainer.remove_callback(PrinterCallback)  # the one it has otherwise: prints each log dict on stdout
+    trainer.add_callback(StepProgress(label, console))
+    return trainer
+
+
+# The log keys StepProgress shows, and their short names: SFT's loss, GRPO's reward and dev EM.
+SHOWN = {"loss": "loss", "train_loss": "loss", "reward": "reward", "dev/em": "dev EM"}
+
+
+class StepProgress(TrainerCallback):
+    """One rich bar over a training run's steps with the latest loss / reward / dev EM. When stderr
+    is not a terminal (a log file on a cluster) a bar cannot redraw in place, so a line is printed
+    at every `1/lines` of the run instead. Main process only."""
+
+    def __init__(self, label: str, console=None, lines: int = 10):
+        from rich.console import Console
+
+        self.label, self.lines = label, lines
+        self.console = console or Console(stderr=True)
+        self.latest = ""
+        self._active = False
+        self._bar = None  # on a terminal
+        self._pending = 0  # off one: a step due a line, printed once that step's logs (if any) are in
+
+    def on_train_begin(self, args, state, control, **kw):
+        self._active = state.is_world_process_zero
+        self._every = max(1, math.ceil(state.max_steps / self.lines))
+        if self._active and self.console.is_terminal:
+            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+            columns = (BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), TextColumn("{task.fields[latest]}"))
+            self._bar = Progress(TextColumn("{task.description}"), *columns, console=self.console, transient=True)
+            self._bar.start()
+            self._task = self._bar.add_task(f"{self.label}: steps", total=state.max_steps, latest="")
+
+    # The Trainer calls on_step_end, then on_log for that step: a step's line waits for its logs.
+    def on_step_end(self, args, state, control, **kw):
+        if not self._active:
+            return
+        self._flush(state)  # the previous step logged nothing
+        if self._bar:
+            self._bar.update(self._task, completed=state.global_step)
+        elif state.global_step % self._every == 0 or state.global_step == state.max_steps:
+            self._pending = state.global_step
+
+    def on_log(self, args, state, control, logs=None, **kw):
+        if not self._active:
+            return
+        shown = [f"{name} {logs[key]:.4g}" for key, name in SHOWN.items() if isinstance((logs or {}).get(key), float)]
+        if shown:
+            self.latest = ", ".join(shown)
+        if self._bar:
+            self._bar.update(self._task, latest=self.latest)
+        self._flush(state)
+
+    def on_train_end(self, args, state, control, **kw):
+        self._flush(state)
+        if self._bar:
+            self._bar.stop()
+            self._bar = None
+        self._active = False
+
+    def _flush(self, state) -> None:
+        if self._pending:
+            line = f"{self.label}: step {self._pending}/{state.max_steps}" + (f", {self.latest}" if self.latest else "")
+            self.console.print(line, markup=False, highlight=False, emoji=False)
+            self._pending = 0
 
 
 class RolloutSampler:
@@ -98,10 +181,11 @@ def merge_rollouts(paths: list[Path], out: Path) -> int:
 
 
 def plot_rewards(metrics_path: Path, png: Path) -> None:
-    import matplotlib
+    from r3rag.extras import pyplot_or_skip
 
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    plt = pyplot_or_skip(png.name)  # a by-product of training: without [plots], a note, not a failed run
+    if plt is None:
+        return
 
     rows = read_jsonl(metrics_path, allow_empty=True) if metrics_path.exists() else []
     fig, ax = plt.subplots(figsize=(7, 4), dpi=110)

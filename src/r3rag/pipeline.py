@@ -15,7 +15,6 @@ Usage:
 
 from __future__ import annotations
 
-import importlib
 from datetime import datetime
 from pathlib import Path
 
@@ -24,14 +23,10 @@ from rich.table import Table
 from r3rag.artifacts import ArtifactRef, default_runs_dir, list_artifacts
 from r3rag.config import build_config, key_location, load_yaml, parse_overrides
 from r3rag.errors import UserError
-from r3rag.stages import STAGE_ORDER
+from r3rag.stages import STAGE_ORDER, STAGES, stage_module
 from r3rag.stages.common import FILE, Context
 
 TOP_LEVEL = {"name", "extends", "stages", "variants", "table", *STAGE_ORDER}
-
-
-def _stage_module(stage: str):
-    return importlib.import_module(f"r3rag.stages.{stage}")
 
 
 def _load_pipeline(path: Path | None, _seen: tuple[Path, ...] = ()) -> dict:
@@ -83,7 +78,7 @@ def run_stage(
     bound: dict[str, ArtifactRef] | None = None,
     data: dict | None = None,
 ) -> ArtifactRef:
-    module = _stage_module(stage)
+    module = stage_module(stage)
     data = data if data is not None else _load_pipeline(config_path)
     section = _section(data, stage, config_path)
     for field, src in module.INPUTS.items():  # bind "<stage>:latest" to this run's artifact
@@ -100,7 +95,7 @@ def run_stage(
 def stage_config(stage: str, section: dict, overrides: list[str], where: str):
     """A stage's typed config from its section and `--set` overrides, with the checks every stage
     shares (keys, types, Literal choices)."""
-    return build_config(_stage_module(stage).Config, section, parse_overrides(overrides), where=where)
+    return build_config(stage_module(stage).Config, section, parse_overrides(overrides), where=where)
 
 
 def _bind_latest(value, stage: str, path: str):
@@ -177,7 +172,7 @@ def plan_stages(
     runs_dir = Path(runs_dir) if runs_dir else default_runs_dir()
     plan = []
     for i, stage in enumerate(stages):
-        module = _stage_module(stage)
+        module = stage_module(stage)
         cfg = stage_config(stage, _section(data, stage, path), per_stage[stage], f"{path}: {stage}")
         if hasattr(module, "validate"):
             module.validate(cfg)
@@ -241,8 +236,8 @@ def split_overrides(overrides: list[str], stages: list[str]) -> dict[str, list[s
 
 def list_runs(stage: str | None, runs_dir: Path | None) -> None:
     runs_dir = Path(runs_dir) if runs_dir else default_runs_dir()
-    if stage and stage not in (*STAGE_ORDER, "table"):
-        raise UserError(f"unknown stage {stage!r} (known: {', '.join(STAGE_ORDER)}, table)")
+    if stage and stage not in (*STAGES, "table"):  # `table`: an experiment's results table
+        raise UserError(f"unknown stage {stage!r} (known: {', '.join(STAGES)}, table)")
     table = Table(title=f"artifacts in {runs_dir}")
     for col in ("stage", "id", "finished", "seconds", "key metrics"):
         table.add_column(col)
