@@ -10,7 +10,7 @@ SET ?=
 RUN := $(R3RAG) run $(PIPELINE) --set world.seed=$(SEED) $(SET)
 STAGE_ARGS := --config $(PIPELINE) --set seed=$(SEED)
 
-.PHONY: install test test-fast lint demo real real-smoke replicate replicate-ablations world index synthesize base sft rl eval report report-demo serve-retriever runs clean
+.PHONY: install test test-fast lint docs demo real real-smoke replicate replicate-ablations world index synthesize base sft rl eval report report-demo serve-retriever runs clean
 
 install: $(VENV)/.installed
 
@@ -26,8 +26,14 @@ test: install
 
 # ruff: the lint rules and the format live in pyproject.toml; CI runs this before the tests.
 lint: install
-	$(VENV)/bin/ruff check src tests benchmarks
-	$(VENV)/bin/ruff format --check src tests benchmarks
+	$(VENV)/bin/ruff check src tests benchmarks docs
+	$(VENV)/bin/ruff format --check src tests benchmarks docs
+
+# The docs site (mkdocs.yml; pages in docs/, built to build/site/). --strict: a broken link, anchor
+# or page fails; docs/cli.md and docs/settings.md are generated and must match the code.
+docs: install
+	$(PY) docs/gen_cli_reference.py --check
+	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
 
 test-fast: install
 	$(PY) -m pytest -q -m "not slow"
@@ -41,7 +47,7 @@ real: install
 	$(R3RAG) run pipelines/real-smollm2.yaml $(SET)
 
 # The same pipeline in miniature (6 SFT trajectories, 2 GRPO steps, 2 test questions per data set,
-# every system): <= 10 min on 2 cores (an AVX2 CPU without native bf16; see README "Real models").
+# every system): <= 10 min on 2 cores (an AVX2 CPU without native bf16; see docs/real-models.md).
 REAL_SMOKE := --set 'world.limits={train: 10, test: 2}' --set sft.epochs=1 --set sft.limit=6 \
 	--set sft.max_length=1024 --set rl.steps=2 --set rl.prompts_per_step=2 --set rl.num_generations=2 \
 	--set rl.max_new_tokens=48 --set rl.save_steps=0 --set eval.max_new_tokens=64 --set eval.max_turns=3

@@ -24,7 +24,8 @@ imported `model/` directory), then measures on `--threads` threads (default 2):
   by `ForcedTurns` (one search, then an answer) so every trajectory is multi-turn.
 `--sections grpo` (comma-separated: generate, env, sft, grpo) measures only those figures.
 
-Training runs with the stages' default `bf16: auto` (autocast on CPU; `--bf16 false` for fp32).
+Training runs with the stages' default `bf16: auto` (bf16 autocast only on a CPU with native bf16,
+AVX512-BF16 or AMX; fp32 elsewhere; `--bf16 true|false` forces it).
 Timings drift by tens of percent on a shared machine: the figures hold for the load it had.
 
 Usage:

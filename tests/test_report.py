@@ -31,3 +31,25 @@ def test_eval_reports_bootstrap_intervals(pipeline_runs):
     for m in metrics["systems"].values():
         lo, hi = m["em_ci"]
         assert lo <= m["em"] <= hi
+
+
+def test_viewer_data_groups_questions_across_evals(tmp_path):
+    """Rows without a data set take their eval's; a system in two evals gets a column per eval;
+    the cap keeps whole questions (every system's row for the first N questions of each eval)."""
+    from r3rag.report import write_viewer
+
+    dirs = []
+    for name in ("eval-a", "eval-b"):
+        d = tmp_path / name
+        d.mkdir()
+        (d / "metrics.json").write_text(json.dumps({"systems": {}, "dataset": "world-1:test"}))
+        systems = ("sft", "rl" if name == "eval-a" else "base")
+        rows = [{"system": s, "id": f"q{i}", "question": f"Q{i} ?", "em": 1.0} for s in systems for i in range(3)]
+        (d / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+        dirs.append(d)
+    page = tmp_path / "viewer.html"
+    assert write_viewer(dirs, page, max_per_system=2) == 8
+    data = json.loads(page.read_text().split("const DATA = ", 1)[1].split(";\n", 1)[0])
+    assert {r["dataset"] for r in data} == {"world-1:test"}
+    assert {r["id"] for r in data} == {"q0", "q1"}
+    assert {r["column"] for r in data} == {"sft (eval-a)", "sft (eval-b)", "rl", "base"}

@@ -45,8 +45,10 @@ def _run(args: list[str], timeout: int) -> subprocess.CompletedProcess:
         )
 
 
-def dump_dom(html: Path, timeout: int = 60) -> str:
-    return _run(["--dump-dom", html.resolve().as_uri()], timeout).stdout
+def dump_dom(html: Path, timeout: int = 60, fragment: str = "") -> str:
+    """The page's DOM after its scripts ran; `fragment` is the URL's `#...` part (a page's state)."""
+    uri = html.resolve().as_uri() + (f"#{fragment}" if fragment else "")
+    return _run(["--dump-dom", uri], timeout).stdout
 
 
 def screenshot(html: Path, png: Path, width: int = 1280, height: int = 900, timeout: int = 60) -> Path:
