@@ -44,6 +44,20 @@ from scipy import sparse  # noqa: E402
 CHUNK = 128  # queries per sparse product: bounds its size (at most CHUNK x num_docs entries)
 
 
+def _settings(stopwords, stemmer, k1: float, b: float, method: str, num_docs: int) -> dict:
+    """settings.json of a BM25 index, however it was built."""
+    return {
+        "backend": "bm25",
+        "stopwords": stopwords,
+        "stemmer": stemmer,
+        "k1": k1,
+        "b": b,
+        "method": method,
+        "lower": True,
+        "num_docs": num_docs,
+    }
+
+
 def _tie_keys(cols: np.ndarray, seed: int) -> np.ndarray:
     """A per-query pseudo-random order of documents, to break score ties.
 
@@ -151,16 +165,7 @@ class BM25Retriever:
         b: float = 0.75,
         method: str = "lucene",
     ):
-        settings = {
-            "backend": "bm25",
-            "stopwords": stopwords,
-            "stemmer": stemmer,
-            "k1": k1,
-            "b": b,
-            "method": method,
-            "lower": True,
-            "num_docs": len(docs),
-        }
+        settings = _settings(stopwords, stemmer, k1, b, method, len(docs))
         texts = [f"{d['title']} {d['text']}" for d in docs]
         tokens = bm25s.tokenize(texts, stopwords=stopwords, stemmer=_stemmer(stemmer), show_progress=False)
         model = bm25s.BM25(k1=k1, b=b, method=method)
@@ -192,16 +197,7 @@ class BM25Retriever:
         build_bm25_files(
             docs, index_dir / "bm25", stopwords=stopwords, stemmer=stemmer, k1=k1, b=b, method=method, **chunking
         )
-        settings = {
-            "backend": "bm25",
-            "stopwords": stopwords,
-            "stemmer": stemmer,
-            "k1": k1,
-            "b": b,
-            "method": method,
-            "lower": True,
-            "num_docs": len(docs),
-        }
+        settings = _settings(stopwords, stemmer, k1, b, method, len(docs))
         (index_dir / "settings.json").write_text(json.dumps(settings, indent=2))
         return cls.load(index_dir)
 
