@@ -156,3 +156,31 @@ def test_bf16_auto_on_cpu_follows_the_hardware(monkeypatch):
         monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda v=amx: v)
         assert device_flags("auto") == {"use_cpu": True, "bf16": want}
     assert device_flags(True)["bf16"] is True and device_flags(False)["bf16"] is False
+
+
+def test_fast_sft_loss_equals_trl_loss_on_a_batch(tmp_path):
+    """FastSFTTrainer's plain cross-entropy (small vocabularies) gives TRL's own SFT loss, to
+    float precision, on the same padded batch: same value, same tokens counted."""
+    from datasets import Dataset
+    from trl import SFTConfig, SFTTrainer
+
+    from r3rag.trainers import FastSFTTrainer
+
+    tok, traj = _setup()
+    ids, labels = tokenize_trajectory(traj.to_json(), tok)
+    short = ids[: len(ids) // 2]
+    model = tiny_model(tok, layers=1, hidden=32, heads=2, intermediate=64, seed=3)
+    args = SFTConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], max_length=256)
+    data = Dataset.from_dict({"input_ids": [ids, short], "labels": [labels, labels[: len(short)]]})
+    pad = len(ids) - len(short)
+    batch = {  # the second row right-padded, its padding ignored, as TRL's collator pads
+        "input_ids": torch.tensor([ids, short + [tok.pad_token_id] * pad]),
+        "attention_mask": torch.tensor([[1] * len(ids), [1] * len(short) + [0] * pad]),
+        "labels": torch.tensor([labels, labels[: len(short)] + [IGNORE] * pad]),
+    }
+    losses = {}
+    for name, cls in (("fast", FastSFTTrainer), ("trl", SFTTrainer)):
+        trainer = cls(model=model, args=args, processing_class=tok, train_dataset=data)
+        with torch.no_grad():
+            losses[name] = trainer.compute_loss(model, {k: v.clone() for k, v in batch.items()}).item()
+    assert losses["fast"] > 0 and abs(losses["fast"] - losses["trl"]) < 1e-5 * losses["trl"], losses

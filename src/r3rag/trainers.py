@@ -5,6 +5,7 @@ entropy and token accuracy; on CPU with a small vocabulary that costs ~30% of a 
 For small vocabularies this computes the same loss (mean NLL over label != -100 tokens)
 with one plain cross-entropy, and logs token accuracy from the logits it already has.
 Large vocabularies keep TRL's chunked head, which avoids materialising the logits.
+tests/test_training.py checks that its loss equals TRL's SFTTrainer loss on a padded batch.
 
 `ResumableGRPOTrainer`: TRL's GRPOTrainer whose prompt order survives a resume. TRL's
 `RepeatSampler` draws each epoch's order from one generator, advanced once per epoch; a run
