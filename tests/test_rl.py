@@ -337,3 +337,14 @@ def test_rl_manifest_seconds_cover_training(pipeline_runs):
     _, refs = pipeline_runs
     m = refs["rl"].manifest
     assert m["seconds"] >= m["metrics"]["train_seconds"] - 0.05 > 0  # train_seconds is rounded to 0.1 s
+
+
+def test_resume_skips_a_checkpoint_whose_state_file_was_cut_short(tmp_path):
+    """A kill while the Trainer writes trainer_state.json leaves it empty or partial: resume from the one before."""
+    from r3rag.stages.rl import _last_complete_checkpoint
+
+    for step, state in ((2, '{"global_step": 2}'), (4, ""), (6, '{"global_st')):
+        (tmp_path / f"checkpoint-{step}").mkdir()
+        (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(state)
+    (tmp_path / "checkpoint-8").mkdir()  # killed before the state file
+    assert _last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-2")

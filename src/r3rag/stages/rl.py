@@ -44,6 +44,7 @@ Usage:
 from __future__ import annotations
 
 import dataclasses
+import json
 import shutil
 import time
 from dataclasses import dataclass, field
@@ -178,10 +179,18 @@ def _prepare_work(work: Path, resume: bool, state) -> str | None:
 
 
 def _last_complete_checkpoint(ckpts: Path) -> str | None:
-    """The newest checkpoint-N with its trainer_state.json (the Trainer writes it last: a kill
-    during a save leaves a directory without it, which is skipped)."""
-    done = [p for p in ckpts.glob("checkpoint-*") if (p / "trainer_state.json").is_file()]
+    """The newest checkpoint-N with a whole trainer_state.json (the Trainer writes it last: a kill
+    during a save leaves a directory without it, or with the file empty or cut short, and is skipped)."""
+    done = [p for p in ckpts.glob("checkpoint-*") if _whole_json(p / "trainer_state.json")]
     return str(max(done, key=lambda p: _step_of(str(p)))) if done else None
+
+
+def _whole_json(path: Path) -> bool:
+    try:
+        json.loads(path.read_text())
+    except (OSError, ValueError):  # missing, or written in part (ValueError covers JSONDecodeError and bad UTF-8)
+        return False
+    return True
 
 
 def _step_of(checkpoint: str | None) -> int:
