@@ -54,7 +54,8 @@ REAL_SMOKE := --set 'world.limits={train: 10, test: 2}' --set sft.epochs=1 --set
 real-smoke: install
 	$(R3RAG) run pipelines/real-smollm2.yaml $(REAL_SMOKE) $(SET)
 
-# The miniature replication: every row of the results table (pipelines/replicate.yaml), ~1 h on 2 cores.
+# The miniature replication: every row of the results table (pipelines/replicate.yaml); not yet timed in its
+# current form (dev split, reader baselines, seed rows): several hours on 2 cores.
 replicate: install
 	$(R3RAG) run pipelines/replicate.yaml $(SET)
 
