@@ -138,7 +138,7 @@ def settings_rows(cls, instance, prefix: str = "") -> list[tuple[str, str, str, 
     for f in dataclasses.fields(cls):
         value = getattr(instance, f.name)
         key = prefix + f.name
-        hashed = f.metadata.get("hashed", True)
+        hashed = f.metadata.get("hashed", True) is not False  # hashed_when_set fields count as hashed
         if dataclasses.is_dataclass(value) and not isinstance(value, type):
             rows.append((key, "", _comment(cls, f.name), hashed))
             rows += [(k, d, c, h and hashed) for k, d, c, h in settings_rows(type(value), value, prefix=key + ".")]

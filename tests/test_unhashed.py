@@ -6,7 +6,7 @@ import dataclasses
 
 import pytest
 
-from r3rag.config import hashed_settings, unhashed
+from r3rag.config import hashed_settings, hashed_when_set, unhashed
 from r3rag.stages import eval as eval_stage
 from r3rag.stages import rl, sft, synthesize, world
 from r3rag.stages.common import Context
@@ -65,3 +65,16 @@ def test_hashed_settings_leaves_out_the_unhashed_fields_only_at_any_depth():
     # Without unhashed fields it is `asdict`: the ids of configs that have none stay what they were.
     plain = dataclasses.make_dataclass("Plain", [("a", int, 1), ("b", list, dataclasses.field(default_factory=list))])
     assert hashed_settings(plain()) == dataclasses.asdict(plain())
+
+
+@dataclasses.dataclass
+class Grown:
+    a: int = 1
+    added: str = hashed_when_set("first")
+
+
+def test_a_setting_added_later_enters_the_hash_only_when_set():
+    before = dataclasses.make_dataclass("Before", [("a", int, 1)])
+    assert hashed_settings(Grown()) == hashed_settings(before())  # old artifacts keep their ids
+    assert hashed_settings(Grown(added="all")) == {"a": 1, "added": "all"}
+    assert hashed_settings(Grown(a=2)) != hashed_settings(Grown())

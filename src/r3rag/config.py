@@ -109,10 +109,23 @@ def unhashed(default: Any = dataclasses.MISSING, *, default_factory: Any = datac
     return dataclasses.field(default=default, default_factory=default_factory, metadata={"hashed": False})
 
 
+def hashed_when_set(default: Any):
+    """A dataclass field for a setting added after artifacts were built without it: while it holds
+    its default it stays out of the config hash, so those artifacts keep their ids (a long
+    replication resumes across code changes); set to anything else, it enters the hash as usual."""
+    return dataclasses.field(default=default, metadata={"hashed": "when_set"})
+
+
 def hashed_settings(cfg) -> dict:
-    """`cfg` as a dict (like `dataclasses.asdict`) without its `unhashed` fields, nested
-    settings' included: what enters the artifact's config hash."""
-    return {f.name: _hashed(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if f.metadata.get("hashed", True)}
+    """`cfg` as a dict (like `dataclasses.asdict`) without its `unhashed` fields (nor its
+    `hashed_when_set` fields at their defaults), nested settings' included: what enters the
+    artifact's config hash."""
+    return {f.name: _hashed(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if _enters_hash(cfg, f)}
+
+
+def _enters_hash(cfg, f: dataclasses.Field) -> bool:
+    mark = f.metadata.get("hashed", True)
+    return mark is True or (mark == "when_set" and getattr(cfg, f.name) != f.default)
 
 
 def _hashed(value: Any) -> Any:
