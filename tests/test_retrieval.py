@@ -191,6 +191,15 @@ def test_retrieval_metrics_by_hand():
     assert m["hops_answer_recall@1"] == 1.0  # "antibiotic" finds Penicillin (Fleming)
 
 
+def test_retrieval_metrics_match_gold_as_gold_docs_does():
+    """Ids win over titles (the synthetic world names gold by id); titles compare as r3rag.gold_docs does."""
+    r = BM25Retriever.build(small_corpus(len(TOPICS)))
+    by_id = {"question": "lava volcano", "golden_answers": ["x"], "metadata": {"supporting_docs": ["t0", "t3"]}}
+    by_title = {"question": "lava volcano", "golden_answers": ["x"], "metadata": {"supporting_titles": [" volcano"]}}
+    m = retrieval_metrics(r, [by_id, by_title], ks=(1,))
+    assert m["n_gold"] == 2 and m["recall@1"] == (0.5 + 1.0) / 2  # t0 (Volcano) first; t3 (Bitcoin) not
+
+
 # --- bm25: the sparse-product search gives bm25s' own `retrieve` results ------------------------------
 
 import numpy as np  # noqa: E402

@@ -21,6 +21,7 @@ from r3rag.protocol import Protocol
 from r3rag.retrieval.bm25 import BM25Retriever
 from r3rag.training import completion_with_eos
 from tests.cli_helpers import assert_one_line_error, r3rag
+from tests.grad_helpers import keep_final_hidden
 
 ROOT = Path(__file__).resolve().parents[1]
 DOCS = [
@@ -90,14 +91,7 @@ def test_grpo_loss_gives_retrieved_tokens_exactly_zero_gradient(tmp_path):
     trainer = build_trainer(model, tok, [Q], None, P, scorer, cfg, tmp_path)
     batch = rollout_batch(trajs, tok.eos_token_id, 512)
     trainer.rollout_func = lambda prompts, tr: {**batch, "scores": scorer.score(trajs, [Q, Q]), "timing": {}}
-    captured = []
-
-    def keep_hidden(module, inputs, output):
-        if output.requires_grad:
-            output.retain_grad()
-            captured.append(output)
-
-    model.model.norm.register_forward_hook(keep_hidden)
+    captured = keep_final_hidden(model)
     seen_ids = []
     model.register_forward_pre_hook(lambda m, args, kw: seen_ids.append(kw["input_ids"]), with_kwargs=True)
     before = [p.detach().clone() for p in model.parameters()]
@@ -169,34 +163,25 @@ def test_rl_stage_writes_metrics_rollouts_and_reward_curves(pipeline_runs):
     assert not list((runs / "rl").glob(".work-*"))  # checkpoints removed once published
 
 
+# The smallest GRPO run the subprocess tests start: 2 prompts x 2 generations of short turns, one thread.
+TINY_RL = {
+    "prompts_per_step": 2,
+    "num_generations": 2,
+    "bf16": "false",
+    "max_turns": 2,
+    "max_new_tokens": 12,
+    "threads": 1,
+}
+
+
+def _rl_args(runs, **settings) -> list[str]:
+    """`rl --runs-dir RUNS --set key=value ...`: TINY_RL's settings and `settings` (which win)."""
+    sets = [f"{k}={v}" for k, v in {**TINY_RL, **settings}.items()]
+    return ["rl", "--runs-dir", str(runs), *(arg for s in sets for arg in ("--set", s))]
+
+
 def _rl_cmd(runs, *extra):
-    return [
-        sys.executable,
-        "-m",
-        "r3rag.cli",
-        "rl",
-        "--runs-dir",
-        str(runs),
-        "--set",
-        "name=killed",
-        "--set",
-        "steps=12",
-        "--set",
-        "save_steps=2",
-        "--set",
-        "prompts_per_step=2",
-        "--set",
-        "num_generations=2",
-        "--set",
-        "bf16=false",
-        "--set",
-        "max_turns=2",
-        "--set",
-        "max_new_tokens=12",
-        "--set",
-        "threads=1",
-        *extra,
-    ]
+    return [sys.executable, "-m", "r3rag.cli", *_rl_args(runs, name="killed", steps=12, save_steps=2), *extra]
 
 
 @pytest.mark.slow
@@ -299,27 +284,7 @@ def test_two_processes_on_cpu_each_roll_out_their_share(pipeline_runs, tmp_path)
         port,
         "-m",
         "r3rag.cli",
-        "rl",
-        "--runs-dir",
-        str(runs),
-        "--set",
-        "name=two",
-        "--set",
-        "steps=2",
-        "--set",
-        "prompts_per_step=2",
-        "--set",
-        "num_generations=2",
-        "--set",
-        "bf16=false",
-        "--set",
-        "max_turns=2",
-        "--set",
-        "max_new_tokens=12",
-        "--set",
-        "threads=1",
-        "--set",
-        "rollout_samples=2",
+        *_rl_args(runs, name="two", steps=2, rollout_samples=2),
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]

@@ -19,6 +19,7 @@ from r3rag.retrieval.bm25 import BM25Retriever
 from r3rag.rewards import RewardScorer, RewardSettings
 from r3rag.trainers import step_advantages
 from tests.cli_helpers import assert_one_line_error, r3rag
+from tests.grad_helpers import keep_final_hidden
 from tests.test_rl_correctness import searching_policy  # noqa: F401 (a fixture: an SFT policy that searches)
 
 DOCS = [
@@ -296,14 +297,7 @@ def test_step_credit_through_trl_gives_each_search_its_relevance_and_masks_the_d
     seen = []
     compute = trainer._compute_loss
     trainer._compute_loss = lambda m, inputs: seen.append(inputs) or compute(m, inputs)
-    captured = []
-
-    def keep_hidden(module, inputs, output):
-        if output.requires_grad:
-            output.retain_grad()
-            captured.append(output)
-
-    model.model.norm.register_forward_hook(keep_hidden)
+    captured = keep_final_hidden(model)
     trainer.train()
     (inputs,), (hidden,) = seen, captured
     adv, tool_mask, ids = inputs["advantages"], inputs["tool_mask"], inputs["completion_ids"]

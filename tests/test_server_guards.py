@@ -1,5 +1,5 @@
 """The retrieval server's protections against slow and oversized clients (server_guards and the
-uvicorn settings in server._config), on real sockets at loopback with short deadlines."""
+uvicorn settings in server.uvicorn_config), on real sockets at loopback with short deadlines."""
 
 from __future__ import annotations
 

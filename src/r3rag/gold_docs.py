@@ -9,7 +9,8 @@ normalised (articles and punctuation tell Wikipedia titles apart: "The Who" is n
 
 Used by the gold relevance reward (r3rag.relevance), eval's gold-document recall
 (r3rag.eval_metrics), the gold reader's retriever (r3rag.data.gold) and the oracle teacher's
-check that it found the supporting titles (r3rag.teachers), so all four agree on every document.
+check that it found the supporting titles (r3rag.teachers) and retrieval recall (r3rag.retrieval.evaluate,
+which also counts raw files' `is_supporting` paragraphs), so all of them agree on every document.
 
 Usage:
     gold = gold_docs(question)            # None when the question names no gold documents

@@ -1,9 +1,11 @@
 """Retrieval quality on QA sets with gold passages: passage recall@k and answer recall@k.
 
-A question's gold passages are the corpus docs whose title is in `metadata.supporting_titles` or
-is the title of a `metadata.paragraphs` entry with `is_supporting` (HotpotQA, MuSiQue, 2Wiki files
-of the shared data). recall@k = the share of a question's gold titles found in its top k, averaged
-over the questions that have gold titles in the corpus; answer_recall@k = the share of questions
+A question's gold passages follow r3rag.gold_docs, the rule every stage uses: corpus ids in
+`metadata.supporting_docs` (the synthetic world), else titles in `metadata.supporting_titles`, plus
+here the titles of `metadata.paragraphs` entries flagged `is_supporting` (raw HotpotQA, MuSiQue,
+2Wiki files; `r3rag import` already folds those into supporting_titles). recall@k = the share of a
+question's gold documents found in its top k, averaged over the questions that have gold documents
+in the corpus; answer_recall@k = the share of questions
 with a normalised gold answer, as whole words, inside a normalised top-k passage (title and text,
 as FlashRAG's `contents`).
 
@@ -20,6 +22,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from r3rag.errors import UserError
+from r3rag.gold_docs import GoldDocs, doc_key, gold_docs
 from r3rag.jsonl import iter_numbered, unique_by_id
 from r3rag.metrics import normalize_answer
 from r3rag.protocol import Hit
@@ -42,11 +45,35 @@ def _hops_row(row: dict, where: str) -> dict:
     return {"id": str(row["id"]), "queries": queries}
 
 
-def gold_titles(question: dict) -> set[str]:
+def question_gold(question: dict) -> GoldDocs | None:
+    """`gold_docs(question)`, with flagged paragraphs' titles added to title gold: raw data files may flag a
+    supporting paragraph without listing its title, and recall should count it as `r3rag import` would."""
+    gold = gold_docs(question)
+    if gold is not None and gold.by == "id":
+        return gold
+    names = list(gold.names) if gold else []
     meta = question.get("metadata") or {}
-    titles = set(meta.get("supporting_titles") or [])
-    titles |= {p["title"] for p in meta.get("paragraphs") or [] if p.get("is_supporting")}
-    return titles
+    names += [p["title"] for p in meta.get("paragraphs") or [] if p.get("is_supporting") and p["title"] not in names]
+    return GoldDocs("title", tuple(names)) if names else None
+
+
+def gold_keys(question: dict, corpus_keys: dict[str, set[str]]) -> tuple[str, set[str]]:
+    """(how gold is named, the question's gold keys that name a corpus document); no gold = ("title", set())."""
+    gold = question_gold(question)
+    return ("title", set()) if gold is None else (gold.by, set(gold.keys) & corpus_keys[gold.by])
+
+
+def _corpus_keys(docs) -> dict[str, set[str]]:
+    """Every document's id and title keys, in one pass over the corpus (a DocStore reads each row from disk)."""
+    keys = {"id": set(), "title": set()}
+    for d in docs:
+        keys["id"].add(doc_key(d, "id"))
+        keys["title"].add(doc_key(d, "title"))
+    return keys
+
+
+def _hit_key(hit: Hit, by: str) -> str:
+    return doc_key({"id": hit.doc_id, "title": hit.title}, by)
 
 
 def retrieval_metrics(
@@ -57,11 +84,11 @@ def retrieval_metrics(
     batch_size: int = 256,
 ) -> dict:
     kmax = max(ks)
-    corpus_titles = {d["title"] for d in retriever.docs}
-    golds = [gold_titles(q) & corpus_titles for q in questions]
+    corpus_keys = _corpus_keys(retriever.docs)
+    golds = [gold_keys(q, corpus_keys) for q in questions]
     answers = [[normalize_answer(a) for a in q.get("golden_answers") or []] for q in questions]
     ranked = _search([q["question"] for q in questions], retriever, kmax, batch_size)
-    out = {"n": len(questions), "n_gold": sum(1 for g in golds if g)}
+    out = {"n": len(questions), "n_gold": sum(1 for _, keys in golds if keys)}
     out |= _figures(ranked, golds, answers, ks, prefix="")
     if hop_queries is not None:
         if len(hop_queries) != len(questions):
@@ -89,10 +116,10 @@ def _figures_union(per_question: list[list[list[Hit]]], golds, answers, ks, pref
     out = {}
     for k in ks:
         rec, ans = [], []
-        for lists, gold, golds_a in zip(per_question, golds, answers):
+        for lists, (by, gold), golds_a in zip(per_question, golds, answers):
             top = [h for hits in lists for h in hits[:k]]
             if gold:
-                rec.append(len(gold & {h.title for h in top}) / len(gold))
+                rec.append(len(gold & {_hit_key(h, by) for h in top}) / len(gold))
             texts = [normalize_answer(f"{h.title} {h.text}") for h in top]
             ans.append(float(any(a and _contains(t, a) for a in golds_a for t in texts)))
         out[f"{prefix}recall@{k}"] = sum(rec) / len(rec) if rec else 0.0

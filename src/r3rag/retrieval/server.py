@@ -284,7 +284,9 @@ def _validate(body, max_batch: int, max_topk: int, max_query_chars: int) -> tupl
     return queries, topk, with_scores
 
 
-def _config(app, log_level: str, header_timeout: float, max_connections: int):
+def uvicorn_config(app, log_level: str, header_timeout: float, max_connections: int):
+    """The uvicorn.Config every server here runs under (`running`, `serving.serve` and its workers): the
+    header deadline around `app`, the header-size, connection and keep-alive limits of the module docstring."""
     import uvicorn
 
     app, http = with_header_deadline(app, header_timeout)
@@ -313,8 +315,8 @@ def running(
     """Serve `app` from a background thread; yields its base URL and stops it on exit."""
     import uvicorn
 
-    sock = _bind(host, port)  # bound here so the port (0 = any free one) is known before serving
-    server = uvicorn.Server(_config(app, "warning", header_timeout, max_connections))
+    sock = bind_socket(host, port)  # bound here so the port (0 = any free one) is known before serving
+    server = uvicorn.Server(uvicorn_config(app, "warning", header_timeout, max_connections))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:
@@ -330,7 +332,9 @@ def running(
         sock.close()
 
 
-def _bind(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+def bind_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
+    """A TCP socket bound (not listening) to host:port (0 = any free port); `reuse_port` lets a group of
+    worker processes share the port. A taken port is a UserError naming it."""
     from r3rag.errors import UserError
 
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so (else +40 ms per request)

@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from r3rag.retrieval.server import MAX_CONNECTIONS, _bind, _config, make_app
+from r3rag.retrieval.server import MAX_CONNECTIONS, bind_socket, make_app, uvicorn_config
 
 
 def serve(
@@ -41,7 +41,7 @@ def serve(
     if workers > 1:
         options = {"log_level": log_level, "header_timeout": header_timeout, "max_connections": max_connections}
         return _serve_workers(index_dir, host, port, workers, options, limits)
-    sock = _bind(host, port)  # before loading, so a taken port fails fast
+    sock = bind_socket(host, port)  # before loading, so a taken port fails fast
     retriever = load_retriever(index_dir)
     app = make_app(retriever, **limits)
     print(
@@ -49,7 +49,7 @@ def serve(
         file=sys.stderr,
         flush=True,
     )
-    uvicorn.Server(_config(app, log_level, header_timeout, max_connections)).run(sockets=[sock])
+    uvicorn.Server(uvicorn_config(app, log_level, header_timeout, max_connections)).run(sockets=[sock])
 
 
 def _serve_workers(index_dir, host: str, port: int, workers: int, options: dict, limits: dict) -> None:
@@ -62,7 +62,7 @@ def _serve_workers(index_dir, host: str, port: int, workers: int, options: dict,
     if not hasattr(socket, "SO_REUSEPORT"):
         raise UserError("serve-retriever: --workers needs SO_REUSEPORT (Linux, BSD, macOS)")
     _refuse_if_answered(host, port)
-    reserve = _bind(host, port, reuse_port=True)  # bound, never listening: it holds the port, gets no connections
+    reserve = bind_socket(host, port, reuse_port=True)  # bound, never listening: it holds the port, gets no connections
     port = reserve.getsockname()[1]
     ctx = mp.get_context("spawn")  # not fork: bm25s, torch and BLAS threads do not survive a fork
     ready = ctx.Queue()
@@ -145,7 +145,7 @@ def _worker(index_dir: str, host: str, port: int, parent: int, ready, options: d
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     os.setpgrp()  # out of the terminal's group: Ctrl-C reaches the parent only, which stops us all in order
     try:
-        sock = _bind(host, port, reuse_port=True)
+        sock = bind_socket(host, port, reuse_port=True)
         retriever = load_retriever(index_dir)
         app = make_app(retriever, **limits)
     except UserError as e:
@@ -153,7 +153,7 @@ def _worker(index_dir: str, host: str, port: int, parent: int, ready, options: d
         return
     sock.listen(2048)  # only now does the kernel send this worker connections
     ready.put(("ready", len(getattr(retriever, "docs", []))))
-    config = _config(app, options["log_level"], options["header_timeout"], options["max_connections"])
+    config = uvicorn_config(app, options["log_level"], options["header_timeout"], options["max_connections"])
     uvicorn.Server(config).run(sockets=[sock])
 
 
