@@ -5,8 +5,8 @@ bytecode); the figures are medians of wall time and of CPU time (user + system, 
 process). The target (issue 19) is <= 0.3 s wall for every one of them: help must not import
 torch, transformers, TRL or datasets (tests/test_cli_speed.py checks that without timing
 anything). On a machine other jobs keep busy the wall time grows with the load; the CPU time
-much less, so it is the figure to compare between runs there. `typer_rich_floor_s` is what no
-change to r3rag can remove: importing Typer's rich help formatter (rich, markdown-it, pygments).
+much less, so it is the figure to compare between runs there. `typer_rich_floor_s` is what Typer's
+rich help formatter would cost to import (rich, markdown-it, pygments): why r3rag prints plain click help.
 
 Usage:
     python benchmarks/cli_startup.py [--repeats 5]

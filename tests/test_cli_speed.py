@@ -8,6 +8,9 @@ import sys
 
 # Seconds to import, each of them; none is needed to print help.
 HEAVY = ("torch", "transformers", "trl", "datasets", "accelerate", "bm25s", "faiss", "numpy", "scipy", "fastapi")
+# Typer's rich help formatter alone takes ~0.29 s to import (rich's console, markdown, tables): help is plain click,
+# and rich waits for a command's own output.
+HEAVY += ("rich",)
 
 
 def loaded_after(code: str) -> list[str]:

@@ -107,6 +107,21 @@ def test_synthesize_and_eval_systems_choose_a_protocol_with_the_same_keys():
         build_config(eval_stage.Config, {"models": {"x": {"model": "m", "template": "serch-r1"}}}, where="eval")
 
 
+def test_the_judge_and_endpoint_systems_share_one_endpoint_settings_with_flat_keys():
+    from r3rag.endpoint import EndpointSettings
+    from r3rag.judge import JudgeSpec
+    from r3rag.systems import SystemSpec
+
+    assert issubclass(JudgeSpec, EndpointSettings) and issubclass(SystemSpec, EndpointSettings)
+    cfg = build_config(
+        eval_stage.Config,
+        {"judge": {"endpoint": "http://j", "model": "jm"}, "models": {"api": {"endpoint": "http://x", "model": "m"}}},
+    )
+    assert (cfg.judge.endpoint, cfg.models["api"].endpoint, cfg.models["api"].model) == ("http://j", "http://x", "m")
+    with pytest.raises(UserError, match=r"^eval\.judge: set endpoint and model"):
+        JudgeSpec(endpoint="http://j").client("eval.judge")  # no model: one line before any request
+
+
 def test_a_question_source_reads_a_split_or_a_file(tmp_path):
     from types import SimpleNamespace
 

@@ -18,8 +18,6 @@ from __future__ import annotations
 from collections import Counter, defaultdict
 from pathlib import Path
 
-from rich.table import Table
-
 from r3rag.artifacts import FILE, ArtifactRef, load_manifest
 from r3rag.gold_docs import flat, gold_docs
 from r3rag.metrics import cover_match, exact_match, f1_score, mean_ci
@@ -150,6 +148,8 @@ def stage_seconds(inputs: dict[str, ArtifactRef]) -> dict:
 
 
 def print_table(metrics: dict, console) -> None:
+    from rich.table import Table  # here, not at the top: `r3rag eval --help` imports this module
+
     systems = metrics["systems"]
     hop_keys = sorted({h for m in systems.values() for h in m.get("by_hops", {})}, key=str)[:4]
     table = Table(title=f"evaluation: {metrics.get('dataset', 'held-out questions')}")

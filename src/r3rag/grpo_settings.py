@@ -32,12 +32,12 @@ class GRPOSettings(EnvSettings):  # top_k, max_turns, max_new_tokens: r3rag.env
     num_generations: int = 8  # group size
     steps_per_generation: int = 1  # optimizer steps per rollout batch
     num_iterations: int = 1  # passes over each rollout batch (mu)
-    grad_accum: int = 1
-    lr: float = 1e-5
+    grad_accum: int = 1  # micro-batches per optimizer step (prompts_per_step x num_generations split over them)
+    lr: float = 1e-5  # peak learning rate
     lr_scheduler: str = "constant"  # any of transformers' scheduler names
-    warmup_ratio: float = 0.0
-    weight_decay: float = 0.0
-    max_grad_norm: float = 1.0
+    warmup_ratio: float = 0.0  # share of the steps the learning rate warms up over
+    weight_decay: float = 0.0  # AdamW weight decay
+    max_grad_norm: float = 1.0  # gradients clipped to this global norm
     beta: float = 0.0  # KL coefficient (0: no reference model; Search-R1 and DeepSeek-R1 use 0.001)
     # TRL's loss normalisation: dapo (tokens of the whole batch), grpo (per sequence), dr_grpo (Dr. GRPO: a
     # constant, max_completion_tokens), bnpo (tokens of the local batch); cispo, sapo, luspo, vespo: TRL's others
@@ -53,9 +53,9 @@ class GRPOSettings(EnvSettings):  # top_k, max_turns, max_new_tokens: r3rag.env
     process_credit: Literal["trajectory", "step"] = "trajectory"
     # rollouts
     temperature: float = 1.0
-    top_p: float = 1.0
+    top_p: float = 1.0  # nucleus sampling (1 = off)
     max_completion_tokens: int = 512  # token budget per trajectory (model + documents)
-    gen_batch_size: int = 64
+    gen_batch_size: int = 64  # transformers generation: sequences per generate call
     mask_retrieved: bool = True  # no loss on retrieved tokens (false: Search-R1's ablation)
     static_cache: bool = False  # transformers: compiled static-cache decoding (GPUs; see benchmarks/gpu.sh)
     # auto (colocate where vLLM is installed and a GPU present), "" (transformers), colocate or server
@@ -64,16 +64,16 @@ class GRPOSettings(EnvSettings):  # top_k, max_turns, max_new_tokens: r3rag.env
     vllm_gpu_memory: float = 0.3  # vllm=colocate: share of the GPU's memory vLLM takes
     # model
     bf16: bool | str = "auto"  # true, false or auto (bf16 where supported)
-    gradient_checkpointing: bool = False
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, slower
     # dev evaluation during training
     eval_every: int = 0  # greedy dev EM every N steps (and before the first, and at the last); 0 = off
     eval_limit: int = 200  # dev questions evaluated (0 = all)
     keep: Literal["last", "best_dev"] = "last"  # the published policy: the last step, or the best on dev
     # checkpoints and logs
     save_steps: int = 10  # checkpoint every N steps (0 = never)
-    keep_checkpoints: int = 2
+    keep_checkpoints: int = 2  # the newest N checkpoints are kept, older ones deleted
     report_to: list[str] = unhashed(default_factory=list)  # tensorboard, wandb...: logging, not training
-    seed: int = 0
+    seed: int = 0  # questions drawn per step, sampling, LoRA's initial weights
 
     def __post_init__(self):
         check_literals(self, "rl")  # settings built in code skip the config's check

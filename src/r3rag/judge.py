@@ -18,6 +18,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from r3rag.endpoint import EndpointSettings
 from r3rag.errors import UserError
 from r3rag.metrics import exact_match
 
@@ -37,11 +38,8 @@ class JudgeError(UserError):
 
 
 @dataclass
-class JudgeSpec:
-    endpoint: str = ""  # OpenAI-compatible base URL; "" = no LLM judge
-    model: str = ""
-    api_key_env: str = ""
-    concurrency: int = 32
+class JudgeSpec(EndpointSettings):  # endpoint ("" = no LLM judge), model, api_key_env: r3rag.endpoint
+    concurrency: int = 32  # requests in flight at once
 
 
 def parse_verdict(reply: str) -> bool:
@@ -55,12 +53,9 @@ class AnswerJudge:
         self.calls = 0
 
     @classmethod
-    def from_spec(cls, spec: JudgeSpec) -> AnswerJudge:
-        from r3rag.llm.openai_client import ChatClient
-
-        if not spec.model:
-            raise UserError("judge: set judge.model (the judge endpoint's model name)")
-        return cls(ChatClient(spec.endpoint, spec.model, api_key_env=spec.api_key_env, concurrency=spec.concurrency))
+    def from_spec(cls, spec: JudgeSpec, where: str = "judge") -> AnswerJudge:
+        """The judge at `spec`'s endpoint; `where` names the settings in the one-line error when one is missing."""
+        return cls(spec.client(where, concurrency=spec.concurrency))
 
     def judge_many(self, items: list[tuple[str, list[str], str | None]], strict: bool = True) -> list[bool | None]:
         verdicts: list[bool | None] = []

@@ -14,12 +14,14 @@ import csv
 import html
 import json
 from pathlib import Path
-
-from rich.table import Table
+from typing import TYPE_CHECKING
 
 from r3rag.errors import UserError
 from r3rag.extras import pyplot
 from r3rag.jsonl import read_json, read_jsonl
+
+if TYPE_CHECKING:
+    from rich.table import Table
 
 COLUMNS = ("dataset", "system", "em", "em_ci", "f1", "f1_ci", "n", "searches", "gold_doc_recall")
 OPTIONAL = ("judge_acc", "tokens")  # shown only when some eval has them
@@ -72,6 +74,8 @@ def _fmt(v) -> str:
 
 
 def rich_table(rows: list[dict]) -> Table:
+    from rich.table import Table  # here, not at the top: `r3rag report --help` imports this module
+
     table = Table(title="r3rag report")
     cols = columns(rows)
     for c in cols:

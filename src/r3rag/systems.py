@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from r3rag.endpoint import EndpointSettings
 from r3rag.errors import UserError
 from r3rag.protocol import DOC_STYLES, PROTOCOLS, TEMPLATES, Protocol, ProtocolSettings
 
@@ -44,10 +45,12 @@ MODES = ("iterative", "direct", "rag", "gold")
 
 
 @dataclass
-class SystemSpec(ProtocolSettings):  # protocol, template, doc_style, max_doc_chars: models that are not policies
+class SystemSpec(ProtocolSettings, EndpointSettings):
+    """One system's settings (`eval.models.<name>`). From the bases: protocol, template, doc_style,
+    max_doc_chars (r3rag.protocol: for models that are not policies) and endpoint (the system is that
+    endpoint), api_key_env (r3rag.endpoint)."""
+
     model: str = ""  # policy artifact, transformers path / hub id, or (with endpoint) the served model name
-    endpoint: str = ""  # OpenAI-compatible base URL: the policy is that endpoint
-    api_key_env: str = ""  # environment variable holding the endpoint's API key (never stored)
     scripted: str = ""  # a scripted baseline: top-title
     mode: Literal["iterative", "direct", "rag", "gold"] = "iterative"  # gold: rag with the gold documents
     top_k: int = 0  # documents per search; 0 = eval's top_k
@@ -191,12 +194,11 @@ def _vllm_system(label: str, spec: SystemSpec, policy_path: Path | None, engines
 
 def _endpoint_system(label: str, spec: SystemSpec) -> System:
     from r3rag.generation.openai_chat import ChatGenerator
-    from r3rag.llm.openai_client import ChatClient
 
     protocol = Protocol(name=spec.protocol, template=spec.template, doc_style=spec.doc_style)
 
     def make(temperature: float, seed: int):
-        client = ChatClient(spec.endpoint, spec.model, api_key_env=spec.api_key_env, **spec.request_params)
+        client = spec.client(f"eval.models.{label}", **spec.request_params)
         return ChatGenerator(client, protocol, temperature=temperature, seed=seed)
 
     return System(label, spec.mode, protocol, make)

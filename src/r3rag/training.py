@@ -115,10 +115,10 @@ def tokenize_steps(row: dict, tokenizer, max_length: int = 0, protocol=None) -> 
 
 @dataclass
 class LoraSettings:
-    r: int = 16
-    alpha: int = 32
-    dropout: float = 0.05
-    target_modules: list[str] = field(
+    r: int = 16  # rank of each adapter's update matrices
+    alpha: int = 32  # the update is scaled by alpha / r
+    dropout: float = 0.05  # dropout on the adapters' input
+    target_modules: list[str] = field(  # the linear layers that get adapters (Llama / Qwen2 names)
         default_factory=lambda: ["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]
     )
 

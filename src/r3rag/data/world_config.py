@@ -18,14 +18,14 @@ from typing import Literal
 
 @dataclass
 class WorldConfig:
-    seed: int = 0
-    n_clusters: int = 60
-    test_clusters: int = 6
-    people_per_cluster: int = 40
-    companies_per_cluster: int = 8
-    universities_per_cluster: int = 3
-    n_cities: int = 120
-    n_countries: int = 30
+    seed: int = 0  # the random seed: the same settings and seed give the same world, word for word
+    n_clusters: int = 60  # clusters of people, companies and universities (train + dev + test)
+    test_clusters: int = 6  # the last clusters, whose questions form the test split
+    people_per_cluster: int = 40  # people in each cluster (no one belongs to two clusters)
+    companies_per_cluster: int = 8  # companies in each cluster
+    universities_per_cluster: int = 3  # universities in each cluster
+    n_cities: int = 120  # cities, shared by all clusters (every split sees them)
+    n_countries: int = 30  # countries the cities lie in, shared by all clusters
     # "facts": one sentence per fact, each "<name> <relation phrase> <value> ." (copyable);
     # "prose": one varied sentence per entity stating all its facts (harder to read).
     doc_style: Literal["facts", "prose"] = "facts"
@@ -35,7 +35,7 @@ class WorldConfig:
     # Harder worlds: phrasings per relation in fact documents (1 = the canonical phrase only;
     # queries always use the canonical one), and "all" adds 3- and 4-hop question types.
     paraphrases: int = 1
-    question_types: Literal["basic", "all"] = "basic"
+    question_types: Literal["basic", "all"] = "basic"  # "basic": 7 types of 2-3 hops; "all": 4 more of 3-4
     # The clusters just before the test clusters form the dev split (settings are chosen on it;
     # 0 = no dev split). They come out of train, so train and test chain questions keep their ids.
     dev_clusters: int = 0

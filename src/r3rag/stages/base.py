@@ -31,24 +31,24 @@ INPUTS = {"world": "world"}
 
 @dataclass
 class Config:
-    name: str = "default"
+    name: str = "default"  # the artifact's name: runs/base/<name>-<hash>
     world: str = "world:latest"  # its settings and vocabulary; its own text is never trained on
     worlds: int = 40  # fresh worlds whose text is the corpus
     world_clusters: int = 10  # clusters per fresh world
     questions: bool = True  # also the fresh worlds' question texts (no answers, no trajectories)
-    arch: str = "llama"
-    layers: int = 4
-    hidden: int = 128
-    heads: int = 4
-    intermediate: int = 512
+    arch: str = "llama"  # the fresh model's architecture: llama or qwen2
+    layers: int = 4  # transformer layers
+    hidden: int = 128  # hidden size
+    heads: int = 4  # attention heads (as many key/value heads)
+    intermediate: int = 512  # MLP inner size
     max_length: int = 256  # tokens per packed training sequence
-    epochs: float = 1.0
-    lr: float = 1e-3
-    batch_size: int = 16
-    warmup_ratio: float = 0.03
-    bf16: bool | str = "auto"
-    threads: int = 0
-    seed: int = 0
+    epochs: float = 1.0  # passes over the packed text (fractions allowed)
+    lr: float = 1e-3  # peak learning rate (cosine decay)
+    batch_size: int = 16  # sequences per step
+    warmup_ratio: float = 0.03  # share of the steps the learning rate warms up over
+    bf16: bool | str = "auto"  # bf16 autocast: true, false, or auto (where the GPU or CPU computes bf16 natively)
+    threads: int = 0  # CPU threads for torch (0 = torch's default)
+    seed: int = 0  # the initial weights and the data order
 
 
 def validate(cfg: Config) -> None:

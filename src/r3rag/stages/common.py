@@ -19,22 +19,27 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from rich.console import Console
-from rich.text import Text
-
 from r3rag.artifacts import FILE, ArtifactRef, ArtifactWriter, default_runs_dir, file_sha256, load_manifest, resolve
 from r3rag.config import hashed_settings
 from r3rag.errors import UserError
 from r3rag.jsonl import iter_numbered, read_jsonl, unique_by_id
 
 if TYPE_CHECKING:
+    from rich.console import Console
     from rich.progress import Progress
+
+
+def _stderr_console() -> Console:
+    # rich imported here, not at the top: `r3rag <stage> --help` imports this module (~40 ms of its 0.3 s)
+    from rich.console import Console
+
+    return Console(stderr=True)
 
 
 @dataclass
 class Context:
     runs_dir: Path = field(default_factory=default_runs_dir)
-    console: Console = field(default_factory=lambda: Console(stderr=True))
+    console: Console = field(default_factory=_stderr_console)
     writers: list[ArtifactWriter] = field(default_factory=list)  # this command's, for `tidy_on_failure`
 
     @contextmanager
@@ -60,10 +65,14 @@ class Context:
     # Text, not markup: the runs dir is the user's path, and rich would read `[x]` in it as a tag
     # and `:100:` as an emoji.
     def skipped(self, w: ArtifactWriter) -> ArtifactRef:
+        from rich.text import Text
+
         self.console.print(Text(f"{w.stage}: up to date, reusing {w.final}", style="dim"))
         return w.existing
 
     def done(self, w: ArtifactWriter) -> ArtifactRef:
+        from rich.text import Text
+
         self.console.print(Text.assemble((w.stage, "green"), f": wrote {w.final} ({w.ref.manifest['seconds']:.1f}s)"))
         return w.ref
 
@@ -153,7 +162,7 @@ class QuestionSource:
 
     world: str = "world:latest"  # the questions: world/<split>.jsonl, or...
     questions: str = ""  # ...a question JSONL file (what `r3rag import` writes)
-    split: str = "train"
+    split: str = "train"  # which of the world's splits: train, dev or test
     limit: int = 0  # the first N questions (0 = all)
 
     def read_questions(self, inputs: dict[str, ArtifactRef]) -> list[dict]:

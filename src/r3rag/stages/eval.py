@@ -29,7 +29,7 @@ Usage:
                --set 'systems=[top-title]' --set models.top-title.scripted=top-title
     r3rag eval --set 'retrievers=[index:latest,runs/index/dense-abc]' --set 'systems=[sft]'
     r3rag eval --set retriever=http://127.0.0.1:8000 --set index=    # search through a retrieval server
-    r3rag eval --set 'systems=[rag3,rag5]' --set models.rag3.model=HuggingFaceTB/SmolLM2-135M-Instruct \
+    r3rag eval --set 'systems=[rag3,rag5]' --set models.rag3.model=HuggingFaceTB/SmolLM2-135M-Instruct \\
                --set models.rag3.template=qa --set models.rag3.mode=rag --set models.rag3.top_k=3 ...
 """
 
@@ -68,13 +68,13 @@ BUILTINS = {"direct": "direct", "rag": "rag", "gold": "gold", "sft": "iterative"
 
 @dataclass
 class Config(EnvSettings, QuestionSource):  # top_k, max_turns, max_new_tokens; world, questions, split, limit
-    name: str = "default"
-    index: str = "index:latest"
+    name: str = "default"  # the artifact's name: runs/eval/<name>-<hash>
+    index: str = "index:latest"  # the index artifact systems search
     retriever: str = ""  # a retrieval server URL (http://...) to search instead of the index
     retrievers: list[str] = field(default_factory=list)  # several (index refs or URLs): retriever transfer
-    sft: str = "sft:latest"
+    sft: str = "sft:latest"  # the policy artifact of the `sft` system ("" when there is none)
     rl: str = "rl:latest"  # "" when there is no RL policy
-    systems: list[str] = field(default_factory=lambda: ["direct", "rag", "sft", "rl"])
+    systems: list[str] = field(default_factory=lambda: ["direct", "rag", "sft", "rl"])  # built-ins or `models`
     models: dict[str, SystemSpec] = field(default_factory=dict)  # more systems, by name
     baseline_policy: str = "sft"  # the model `direct` and `rag` use
     split: str = "test"  # held-out questions
@@ -85,10 +85,10 @@ class Config(EnvSettings, QuestionSource):  # top_k, max_turns, max_new_tokens; 
     backend: Literal["transformers", "vllm"] = "transformers"  # vllm: model systems use an in-process engine (GPUs)
     temperature: float = 0.0  # 0 = greedy
     n_samples: int = 1  # draws per question when sampling
-    judge: JudgeSpec = field(default_factory=JudgeSpec)
+    judge: JudgeSpec = field(default_factory=JudgeSpec)  # an LLM judge adding judge_acc (judge.endpoint "" = none)
     compare_to: list[str] = field(default_factory=list)  # systems every other one is compared with (paired bootstrap)
     threads: int = unhashed(0)  # CPU threads: how fast, not what is measured
-    seed: int = 0
+    seed: int = 0  # sampling: draw i uses seed + i (temperature > 0)
 
 
 def run(cfg: Config, ctx: Context):
@@ -121,7 +121,7 @@ def run(cfg: Config, ctx: Context):
         return ctx.skipped(writer)
     set_threads(cfg.threads)
     questions = cfg.read_questions(inputs)
-    judge = AnswerJudge.from_spec(cfg.judge) if cfg.judge.endpoint else None
+    judge = AnswerJudge.from_spec(cfg.judge, "eval.judge") if cfg.judge.endpoint else None
     check_vllm_weights(cfg, specs, policies)
     engines: dict = {}  # vLLM engines by weights: direct, rag and sft on the sft policy share one
     with writer:

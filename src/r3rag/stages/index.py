@@ -45,24 +45,24 @@ BACKENDS = ("bm25", "rank-bm25", "dense", "hybrid")
 
 @dataclass
 class Config:
-    name: str = "default"
-    world: str = "world:latest"
+    name: str = "default"  # the artifact's name: runs/index/<name>-<hash>
+    world: str = "world:latest"  # the world artifact whose corpus.jsonl is indexed ("" with corpus=)
     corpus: str = ""  # a corpus JSONL instead of a world (set world to "")
     backend: str = "bm25"  # bm25 | rank-bm25 | dense | hybrid
     # bm25 and rank-bm25 (and hybrid's bm25 side)
     stopwords: str | None = "en"
-    stemmer: str | None = None
-    k1: float = 1.5
-    b: float = 0.75
+    stemmer: str | None = None  # a PyStemmer language ("english"); None = no stemming
+    k1: float = 1.5  # BM25 term-frequency saturation
+    b: float = 0.75  # BM25 document-length normalisation (0 = none, 1 = full)
     # dense (and hybrid's dense side)
     encoder: str = ""  # a local directory or hub id; "" = all-MiniLM-L6-v2
-    pooling: Literal["mean", "cls"] = "mean"
+    pooling: Literal["mean", "cls"] = "mean"  # a passage vector: the mean of its token states or the first one
     query_prefix: str = ""  # E5: "query: "
     passage_prefix: str = ""  # E5: "passage: "
-    normalize: bool = True
+    normalize: bool = True  # unit-length vectors, so inner product = cosine
     index_type: Literal["flat", "hnsw", "ivf", "ivf-flat", "ivf-sq8", "ivf-pq"] = "flat"  # ivf = ivf-flat
-    max_length: int = 256
-    batch_size: int = 64
+    max_length: int = 256  # encoder tokens per passage or query; longer ones are cut
+    batch_size: int = 64  # texts per encoder forward pass
     nlist: int = 0  # IVF lists; 0 = 4 * sqrt(passages)
     pq_m: int = 0  # ivf-pq bytes per passage code; 0 = the largest divisor of the dimension up to 64
     nprobe: int = 32  # IVF lists searched per query
@@ -72,8 +72,8 @@ class Config:
     gpu: Literal["auto", "never"] = "auto"  # faiss on every GPU faiss-gpu sees (auto) or on the CPU
     prebuilt_index: str = ""  # a FlashRAG / Search-R1 faiss file used as it is (corpus = its JSONL)
     # hybrid
-    rrf_k: int = 60
-    candidates: int = 20
+    rrf_k: int = 60  # reciprocal rank fusion: a doc scores 1 / (rrf_k + rank) in each list
+    candidates: int = 20  # docs each side retrieves before fusing (at least k)
 
 
 def run(cfg: Config, ctx: Context):

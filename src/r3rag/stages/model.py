@@ -40,7 +40,7 @@ class Config:
     name: str = ""  # "" = from the source (the packaged name, or the file's stem)
     source: str = "smollm2-135m-instruct"  # a packaged model's name or a path to a .gguf file
     dtype: str = "float32"  # float32 | bfloat16 | float16: what the saved weights hold
-    threads: int = 0
+    threads: int = 0  # CPU threads for torch while dequantising (0 = torch's default)
 
 
 def validate(cfg: Config) -> None:

@@ -27,8 +27,8 @@ INPUTS: dict[str, str] = {}  # the eval artifacts come as a list: see `evals`
 
 @dataclass
 class Config:
-    name: str = "default"
-    evals: list[str] = field(default_factory=lambda: ["eval:latest"])
+    name: str = "default"  # the artifact's name: runs/report/<name>-<hash>
+    evals: list[str] = field(default_factory=lambda: ["eval:latest"])  # evals in one table and viewer
     max_per_system: int = 300  # questions per eval in the viewer, with every system (= trajectories per system)
     screenshot: bool = False  # also write viewer.png with headless Chromium
 

@@ -75,26 +75,26 @@ INPUTS = {"policy": "sft", "world": "world", "index": "index", "questions": FILE
 
 @dataclass
 class Config(GRPOSettings, QuestionSource):  # r3rag.grpo_settings; world, questions, split, limit: QuestionSource
-    name: str = "default"
-    policy: str = "sft:latest"
+    name: str = "default"  # the artifact's name: runs/rl/<name>-<hash>
+    policy: str = "sft:latest"  # the policy artifact (sft or rl) to start from, unless `model` is set
     model: str = ""  # start from this transformers model (id or path) instead of a policy artifact
     template: Template = "search-r1"  # the protocol when starting from `model`: prompt,
     doc_style: DocStyle = "search-r1"  # document rendering,
     chat: bool = False  # and the tokenizer's chat template around the prompt (instruct models)
     max_doc_chars: int | None = None  # document truncation (characters); None = as the policy was trained
-    index: str = "index:latest"
+    index: str = "index:latest"  # the index artifact rollouts search
     retriever: str = ""  # a retrieval server URL (http://...) to search instead of the index
     # rewards
     rewards: dict = field(default_factory=lambda: {"em": 1.0, "format": 0.0})  # component -> weight
-    reward: RewardSettings = field(default_factory=RewardSettings)
+    reward: RewardSettings = field(default_factory=RewardSettings)  # how components are computed (r3rag.rewards)
     # model
     lora: bool = False
-    lora_settings: LoraSettings = field(default_factory=LoraSettings)
+    lora_settings: LoraSettings = field(default_factory=LoraSettings)  # lora=true: the adapters' shape
     eval_questions: str = ""  # dev questions for eval_every: a question JSONL file; "" = the world's dev.jsonl
     # observe and resume (resume and threads: how to run, not what is trained)
     resume: bool = unhashed(False)
     rollout_samples: int = 4  # trajectories saved per step and process to rollouts.jsonl
-    threads: int = unhashed(0)
+    threads: int = unhashed(0)  # CPU threads for torch (0 = torch's default)
 
 
 def validate(cfg: Config) -> None:

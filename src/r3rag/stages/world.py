@@ -41,12 +41,12 @@ INPUTS: dict[str, str] = {}
 
 @dataclass
 class Config(WorldConfig):
-    name: str = "default"
+    name: str = "default"  # the artifact's name: runs/world/<name>-<hash>
     probe_top_k: int = 3  # k for the question-only retrieval probe
     source: str = "synthetic"  # synthetic (generated) or files (real questions and passages)
     train: list[str] = field(default_factory=list)  # source=files: question files, relative to data_root
-    dev: list[str] = field(default_factory=list)
-    test: list[str] = field(default_factory=list)
+    dev: list[str] = field(default_factory=list)  # source=files: dev question files ([] = no dev split)
+    test: list[str] = field(default_factory=list)  # source=files: test question files
     corpus: list[str] = field(default_factory=list)  # passage files (FlashRAG contents or id/title/text)
     limits: dict[str, int] = field(default_factory=dict)  # split -> first N questions of each file (0 = all)
     data_root: str = unhashed("")  # "" = $R3RAG_DATA or ../shared/data (the files are hashed, not their place)
