@@ -6,8 +6,10 @@ through the rollout environment; an attempt is accepted when `teachers.verify` p
 well formed, the answer matching a gold one by `match`, or an LLM judge's yes for one that does
 not match) and, for the oracle, `teachers.verify_evidence`. Each question yields one row as soon
 as it is accepted or out of attempts: `status` accepted (the trajectory, with the reasons of the
-attempts before it) or rejected (every attempt and its reason). `stats` sums the rows up for the
-manifest.
+attempts before it) or rejected (every attempt and its reason). `keep: all` is rejection sampling
+instead: every question gets all `attempts`, each sampled at `temperature`, and its row keeps every
+distinct accepted trajectory (`samples`; `trajectory_rows` writes each as `<id>#<k>`). `summarize_rows`
+sums the rows up for the manifest.
 
 Usage:
     for row in attempt_loop(questions, teacher, retriever, protocol, AttemptSettings(top_k=5)):
@@ -22,6 +24,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from r3rag import teachers
+from r3rag.config import hashed_when_set
 from r3rag.env import EnvSettings, run_rollouts
 from r3rag.protocol import Protocol
 
@@ -37,9 +40,12 @@ class AttemptSettings(EnvSettings):  # top_k, max_turns, max_new_tokens: r3rag.e
 
     reader: Reader = "none"  # a reader baseline's data (template qa): closed-book, rag or gold
     max_new_tokens: int = 256  # per step (openai, hf): a teacher writes longer turns than a policy
-    attempts: int = 3
+    attempts: int = 3  # tries per question: until one is accepted (keep=first; the oracle: 1), or all (keep=all)
     temperature: float = 0.9  # attempts after the first (which is greedy)
     match: Literal["exact", "cover"] = "exact"  # how an answer must match a gold one
+    # first: a question's first accepted attempt; all (rejection sampling): `attempts` attempts per question, all
+    # sampled at `temperature` (none greedy), and every distinct accepted one becomes a trajectory `<id>#<k>`
+    keep: Literal["first", "all"] = hashed_when_set("first")
 
 
 def attempt_loop(batch: list[dict], teacher, retriever, protocol: Protocol, cfg: AttemptSettings, judge=None):
@@ -63,6 +69,9 @@ def attempt_loop(batch: list[dict], teacher, retriever, protocol: Protocol, cfg:
                 ],
             )
         pending = [q for q in pending if teachers.gold_kind(q) is not None]
+    if cfg.keep == "all":
+        yield from _sample_all(pending, teacher, retriever, protocol, cfg, judge, env_cfg)
+        return
     n_attempts = 1 if teacher.deterministic else cfg.attempts
     for attempt in range(1, n_attempts + 1):
         if not pending:
@@ -77,20 +86,75 @@ def attempt_loop(batch: list[dict], teacher, retriever, protocol: Protocol, cfg:
             if ok:
                 yield _accepted(traj, q, attempt, tokens, history[q["id"]])
             else:
-                history[q["id"]].append(
-                    {
-                        "attempt": attempt,
-                        "temperature": temperature,
-                        "reason": reason,
-                        "tokens_in": tokens[0],
-                        "tokens_out": tokens[1],
-                        "trajectory": traj.to_json(),
-                    }
-                )
+                history[q["id"]].append(_attempt_record(attempt, temperature, reason, tokens, traj))
                 still.append(q)
         pending = still
     for q in pending:
         yield _rejected(q, history[q["id"]])
+
+
+def _sample_all(batch, teacher, retriever, protocol: Protocol, cfg: AttemptSettings, judge, env_cfg):
+    """keep=all: every question gets `attempts` sampled attempts (rejection-sampling fine-tuning's group); its
+    distinct accepted trajectories are kept (an exact repeat of one teaches nothing new), the others go to its
+    history. One row per question, yielded once every attempt is in."""
+    kept, history = {q["id"]: [] for q in batch}, {q["id"]: [] for q in batch}
+    duplicates, spent = Counter(), {q["id"]: [0, 0] for q in batch}
+    for attempt in range(1, cfg.attempts + 1):
+        gen = teacher.generator(batch, cfg.temperature)
+        trajs = run_rollouts(batch, gen, retriever, protocol, env_cfg, teacher.tokenizer)
+        for traj, q, (ok, reason) in zip(trajs, batch, _verdicts(trajs, batch, teacher, protocol, cfg, judge)):
+            tokens = teacher.usage(gen, traj)
+            spent[q["id"]] = [spent[q["id"]][0] + tokens[0], spent[q["id"]][1] + tokens[1]]
+            if not ok:
+                history[q["id"]].append(_attempt_record(attempt, cfg.temperature, reason, tokens, traj))
+            elif any(_same_turns(traj.to_json(), k) for k in kept[q["id"]]):
+                duplicates[q["id"]] += 1
+            else:
+                kept[q["id"]].append({**traj.to_json(), "attempt": attempt})
+    for q in batch:
+        qid = q["id"]
+        if not kept[qid]:
+            yield _rejected(q, history[qid])
+            continue
+        yield {
+            "id": qid,
+            "question": q["question"],
+            "golden_answers": q["golden_answers"],
+            "metadata": _metadata(q),
+            "status": "accepted",
+            "attempt": kept[qid][0]["attempt"],  # the first accepted, as keep=first counts it
+            "attempts_made": cfg.attempts,
+            "tokens_in": spent[qid][0],
+            "tokens_out": spent[qid][1],
+            "rejected_attempts": [_attempt_summary(h) for h in history[qid]],
+            "samples": kept[qid],
+            "duplicates": duplicates[qid],
+        }
+
+
+def _same_turns(a: dict, b: dict) -> bool:
+    return [(t["role"], t["text"]) for t in a["turns"]] == [(t["role"], t["text"]) for t in b["turns"]]
+
+
+def _attempt_record(attempt: int, temperature: float, reason: str, tokens: tuple[int, int], traj) -> dict:
+    return {
+        "attempt": attempt,
+        "temperature": temperature,
+        "reason": reason,
+        "tokens_in": tokens[0],
+        "tokens_out": tokens[1],
+        "trajectory": traj.to_json(),
+    }
+
+
+def _attempt_summary(h: dict) -> dict:
+    """A rejected attempt as an accepted row lists it: why, and what it answered."""
+    return {
+        "attempt": h["attempt"],
+        "reason": h["reason"],
+        "answer": h["trajectory"]["answer"],
+        "finish_reason": h["trajectory"]["finish_reason"],
+    }
 
 
 def _verdicts(trajs, questions, teacher, protocol: Protocol, cfg: AttemptSettings, judge) -> list[tuple[bool, str]]:
@@ -119,15 +183,7 @@ def _accepted(traj, q: dict, attempt: int, tokens: tuple[int, int], history: lis
         "attempt": attempt,
         "tokens_in": tokens[0] + sum(h["tokens_in"] for h in history),
         "tokens_out": tokens[1] + sum(h["tokens_out"] for h in history),
-        "rejected_attempts": [
-            {
-                "attempt": h["attempt"],
-                "reason": h["reason"],
-                "answer": h["trajectory"]["answer"],
-                "finish_reason": h["trajectory"]["finish_reason"],
-            }
-            for h in history
-        ],
+        "rejected_attempts": [_attempt_summary(h) for h in history],
     }
 
 
@@ -155,11 +211,21 @@ def public_row(row: dict) -> dict:
     return {k: v for k, v in row.items() if k != "status"}
 
 
+def trajectory_rows(row: dict) -> list[dict]:
+    """The trajectories.jsonl rows of an accepted journal row: the row itself (keep=first), or one per kept
+    sample (keep=all), id `<question id>#<k>` so ids stay unique, with the question's answers and metadata."""
+    if "samples" not in row:
+        return [public_row(row)]
+    shared = {k: row[k] for k in ("golden_answers", "metadata", "source") if k in row}
+    return [{**s, **shared, "id": f"{row['id']}#{k}", "question_id": row["id"]} for k, s in enumerate(row["samples"])]
+
+
 def summarize_rows(rows: list[dict], n_extra: int, resumed: int, wall: float) -> dict:
     accepted = [r for r in rows if r["status"] == "accepted"]
     rejected = [r for r in rows if r["status"] == "rejected"]
     failed_attempts = [a["reason"] for r in rows for a in r.get("rejected_attempts", r.get("attempts", []))]
-    attempts = [r["attempt"] for r in accepted] + [len(r["attempts"]) for r in rejected]
+    attempts = [r.get("attempts_made", r["attempt"]) for r in accepted] + [len(r["attempts"]) for r in rejected]
+    trajs = [t for r in accepted for t in trajectory_rows(r)]
 
     def mean(xs):
         return round(sum(xs) / len(xs), 3) if xs else 0.0
@@ -174,12 +240,26 @@ def summarize_rows(rows: list[dict], n_extra: int, resumed: int, wall: float) ->
         "attempts": sum(attempts),
         "attempts_per_question": mean(attempts),
         "accepted_at_attempt": {str(k): v for k, v in sorted(Counter(r["attempt"] for r in accepted).items())},
-        "steps_per_trajectory": mean([sum(t["role"] == "model" for t in r["turns"]) for r in accepted]),
-        "searches_per_trajectory": mean([len(r["retrieved"]) for r in accepted]),
+        "steps_per_trajectory": mean([sum(t["role"] == "model" for t in r["turns"]) for r in trajs]),
+        "searches_per_trajectory": mean([len(r["retrieved"]) for r in trajs]),
         "tokens_in": sum(r["tokens_in"] for r in rows),
         "tokens_out": sum(r["tokens_out"] for r in rows),
         "wall_seconds": round(wall, 2),
         "resumed_questions": resumed,
         "extra_worlds": n_extra,
         "from_eval_world": sum(r.get("source") == "world" for r in accepted),
+        **_kept_stats(accepted, trajs),
+    }
+
+
+def _kept_stats(accepted: list[dict], trajs: list[dict]) -> dict:
+    """keep=all's counts (nothing for keep=first, whose metrics stay as they were): trajectories kept,
+    and accepted attempts dropped as exact repeats of a kept one."""
+    if not any("samples" in r for r in accepted):
+        return {}
+    duplicates = sum(r.get("duplicates", 0) for r in accepted)
+    return {
+        "trajectories": len(trajs),
+        "accepted_attempts": len(trajs) + duplicates,
+        "duplicate_trajectories": duplicates,
     }

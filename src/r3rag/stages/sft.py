@@ -6,7 +6,9 @@ trajectories; `view: step` (R3-RAG style) makes each step a sample whose prompt 
 question, the earlier steps and their documents. Start from a tiny model built from a config with a
 word-level tokenizer trained on the world (`model: tiny`), from the miniature's pretrained
 base model (`base: base:latest`, see `r3rag base`), or from any transformers model id/path,
-with LoRA (`model: Qwen/Qwen2.5-3B`, `lora: true`) or fully. The policy is saved merged.
+with LoRA (`model: Qwen/Qwen2.5-3B`, `lora: true`) or fully. The policy is saved merged. An
+earlier policy's `model/` directory (`model: runs/sft/<id>/model`, its own tokenizer) continues
+it: more SFT as a control matched to GRPO's updates (`max_steps`).
 
 Reader baselines train here too, on `r3rag synthesize --set reader=closed-book|rag|gold` data
 (the `qa` template): the loss is on the answer after the prefilled `<answer> ` and its EOS, and
@@ -18,6 +20,7 @@ Usage:
     r3rag sft --set epochs=2 --set lr=5e-4
     r3rag sft --set model=/models/Qwen2.5-0.5B --set lora=true --set lr=1e-4
     r3rag sft --set view=step
+    r3rag sft --set model=runs/sft/<id>/model --set max_steps=200   # continue a policy for exactly 200 updates
     r3rag sft --set data=runs/synthesize/<a reader's id> --set limit=27000   # a reader baseline
 """
 
@@ -28,9 +31,10 @@ import random
 import shutil
 import time
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Literal
 
-from r3rag.config import unhashed
+from r3rag.config import hashed_when_set, unhashed
 from r3rag.errors import UserError
 from r3rag.jsonl import read_jsonl
 from r3rag.stages.common import Context, add_model_input, model_location, resolve_inputs, set_threads
@@ -41,33 +45,44 @@ INPUTS = {"data": "synthesize", "world": "world", "base": "base"}
 
 @dataclass
 class Config:
-    name: str = "default"
-    data: str = "synthesize:latest"
+    name: str = "default"  # the artifact's name: runs/sft/<name>-<hash>
+    data: str = "synthesize:latest"  # the synthesize artifact whose trajectories are trained on
     world: str = "world:latest"  # the tiny model's tokenizer vocabulary; "" for pretrained models
-    model: str = "tiny"
+    model: str = "tiny"  # tiny: a fresh small model on the world's vocabulary; else model:latest, a hub id or path
     base: str = ""  # a base artifact (r3rag base) to start from instead of `model`, e.g. base:latest
-    arch: str = "llama"
-    layers: int = 4
-    hidden: int = 128
-    heads: int = 4
-    intermediate: int = 512
-    lora: bool = False
-    lora_settings: LoraSettings = field(default_factory=LoraSettings)
-    epochs: float = 1.0
-    lr: float = 1e-3
-    batch_size: int = 16
-    grad_accum: int = 1
-    warmup_ratio: float = 0.03
-    weight_decay: float = 0.0
-    max_length: int = 1024
+    arch: str = "llama"  # model=tiny: llama or qwen2
+    layers: int = 4  # model=tiny: transformer layers
+    hidden: int = 128  # model=tiny: hidden size
+    heads: int = 4  # model=tiny: attention heads
+    intermediate: int = 512  # model=tiny: MLP inner size
+    lora: bool = False  # train LoRA adapters (merged into the saved weights) instead of every weight
+    lora_settings: LoraSettings = field(default_factory=LoraSettings)  # lora=true: the adapters' shape
+    epochs: float = 1.0  # passes over the trajectories (fractions allowed)
+    # optimizer updates: 0 = as many as `epochs` make; N > 0 = exactly N, the data cycled when one pass is
+    # shorter (a control matched to another run's update count, e.g. GRPO's `steps`); `epochs` is then ignored
+    max_steps: int = hashed_when_set(0)
+    lr: float = 1e-3  # peak learning rate (cosine decay)
+    batch_size: int = 16  # samples per device step
+    grad_accum: int = 1  # device steps whose gradients make one optimizer update
+    warmup_ratio: float = 0.03  # share of the updates the learning rate warms up over
+    weight_decay: float = 0.0  # AdamW weight decay
+    max_length: int = 1024  # tokens per sample; longer ones are cut at the end
     view: Literal["trajectory", "step"] = "trajectory"  # step: one sample per step (R3-RAG)
     limit: int = 0  # 0 = all trajectories
     bf16: bool | str = "auto"  # true, false or auto (bf16 where supported)
     threads: int = unhashed(0)  # CPU threads: how fast, not what is trained
-    seed: int = 0
+    seed: int = 0  # the trajectories' order, a tiny model's initial weights, the trainer's shuffling
+
+
+def validate(cfg: Config) -> None:
+    if cfg.max_steps < 0:
+        raise UserError(
+            f"sft.max_steps: expected 0 (from epochs) or a number of optimizer updates, got {cfg.max_steps}"
+        )
 
 
 def run(cfg: Config, ctx: Context):
+    validate(cfg)
     fields = {k: v for k, v in INPUTS.items() if getattr(cfg, k)}
     inputs = resolve_inputs(cfg, fields, ctx)
     writer = ctx.writer("sft", cfg, inputs, add_model_input(cfg.model, inputs, INPUTS, ctx))
@@ -130,13 +145,20 @@ def _base_model(cfg: Config, inputs, rows):
             seed=cfg.seed,
         )
     else:
-        tokenizer = modeling.load_tokenizer(model_location(cfg.model, inputs))
-        model = modeling.load_model(model_location(cfg.model, inputs))
+        location = _policy_model_dir(model_location(cfg.model, inputs))
+        tokenizer = modeling.load_tokenizer(location)
+        model = modeling.load_model(location)
     if cfg.lora:
         from r3rag.training import apply_lora
 
         model = apply_lora(model, cfg.lora_settings)
     return model, tokenizer
+
+
+def _policy_model_dir(location: str) -> str:
+    """An sft or rl artifact directory (its policy.json) stands for the policy in its `model/`."""
+    policy = Path(location)
+    return str(policy / "model") if (policy / "policy.json").is_file() else location
 
 
 def train_sft(model, tokenizer, rows, cfg: Config, out_dir, ctx: Context, protocol=None) -> dict:
@@ -155,6 +177,7 @@ def train_sft(model, tokenizer, rows, cfg: Config, out_dir, ctx: Context, protoc
     args = SFTConfig(
         output_dir=str(out_dir),
         num_train_epochs=cfg.epochs,
+        max_steps=cfg.max_steps or -1,  # transformers: -1 = from the epochs, N > 0 wins over them
         per_device_train_batch_size=cfg.batch_size,
         gradient_accumulation_steps=cfg.grad_accum,
         learning_rate=cfg.lr,
@@ -176,12 +199,22 @@ def train_sft(model, tokenizer, rows, cfg: Config, out_dir, ctx: Context, protoc
     show_progress(trainer, "sft", ctx.console)
     result = trainer.train()
     n_tokens = sum(len(e[0]) for e in encoded)
+    epochs = _epochs_trained(cfg, result.global_step, len(encoded))
     return {
         "model": trainer.model,
         "samples": len(encoded),
         "train_loss": round(result.training_loss, 4),
         "tokens_per_epoch": n_tokens,
         "steps": result.global_step,
-        "tokens_per_second": round(n_tokens * cfg.epochs / max(result.metrics["train_runtime"], 1e-9), 1),
+        "epochs_trained": round(epochs, 4),
+        "tokens_per_second": round(n_tokens * epochs / max(result.metrics["train_runtime"], 1e-9), 1),
         "parameters": sum(p.numel() for p in trainer.model.parameters()),
     }
+
+
+def _epochs_trained(cfg: Config, steps: int, n_samples: int) -> float:
+    """Passes over the samples: `epochs`, or what `max_steps` updates of `batch_size x grad_accum` cover
+    (on one process), so the throughput and a matched control's budget read right."""
+    if not cfg.max_steps:
+        return cfg.epochs
+    return steps * cfg.batch_size * cfg.grad_accum / max(n_samples, 1)

@@ -14,9 +14,12 @@ step is well formed, the answer matches a gold one (`match: exact|cover`; `judge
 an LLM judge over an OpenAI-compatible endpoint decide answers that do not match) and, for the
 oracle, its searches found the gold documents with grounded queries. The first accepted attempt
 goes to `trajectories.jsonl` (with the reasons of the attempts before it); a question with none
-goes to `rejected.jsonl` with every attempt and its reason. A request that fails after its
-retries rejects that attempt (`teacher_error:<kind>`), not the run. The loop itself is
-r3rag.synthesis; this module resolves the inputs, builds the teacher and writes the artifact.
+goes to `rejected.jsonl` with every attempt and its reason. `keep: all` (rejection-sampling
+fine-tuning, with `teacher: hf` and a policy) samples all `attempts` at `temperature`, none greedy,
+and keeps every distinct accepted one (`<id>#<k>`; the manifest counts `duplicate_trajectories`).
+A request that fails after its retries rejects that attempt (`teacher_error:<kind>`), not the run.
+The loop itself is r3rag.synthesis; this module resolves the inputs, builds the teacher and writes
+the artifact.
 
 Resumable: each finished question is appended (fsynced) to `runs/synthesize/.journal-<id>.jsonl`;
 rerunning the same command after a crash or Ctrl-C skips finished questions and never repeats
@@ -41,6 +44,8 @@ Usage:
     r3rag synthesize --set teacher=oracle --set top_k=3
     r3rag synthesize --set questions=hotpot_train.jsonl --set protocol=r3rag
     r3rag synthesize --set reader=rag --set template=qa --set top_k=12   # a single-shot RAG reader's data
+    r3rag synthesize --set teacher=hf --set model=runs/sft/<id> --set attempts=8 --set temperature=0.3 \\
+        --set keep=all   # rejection sampling from a policy: 8 sampled attempts per question, every correct one
     r3rag synthesize --set teacher=openai --set base_url=https://api.deepseek.com --set model=deepseek-chat \\
         --set api_key_env=DEEPSEEK_API_KEY --set questions=hotpot_train.jsonl --set concurrency=32
 """
@@ -73,36 +78,36 @@ from r3rag.stages.common import (
     resolve_inputs,
     set_threads,
 )
-from r3rag.synthesis import AttemptSettings, attempt_loop, public_row, summarize_rows
+from r3rag.synthesis import AttemptSettings, attempt_loop, public_row, summarize_rows, trajectory_rows
 
 INPUTS = {"world": "world", "index": "index", "questions": FILE}
 
 
 @dataclass
 class Config(AttemptSettings, QuestionSource, ProtocolSettings):  # the shared keys: r3rag.synthesis, common, protocol
-    name: str = "default"
-    index: str = "index:latest"
+    name: str = "default"  # the artifact's name: runs/synthesize/<name>-<hash>
+    index: str = "index:latest"  # the index artifact the teacher searches
     retriever: str = ""  # a retrieval server URL (http://...) to search instead of the index
-    extra_worlds: int = 0
-    extra_questions_per_world: int = 400
+    extra_worlds: int = 0  # freshly generated worlds whose questions add training data (0 = none)
+    extra_questions_per_world: int = 400  # questions drawn from each extra world
     extra_world_clusters: int = 10  # size of each extra world; 0 = same as the evaluation world
-    teacher: Literal["oracle", "openai", "hf"] = "oracle"
+    teacher: Literal["oracle", "openai", "hf"] = "oracle"  # gold-chain script, an endpoint, or a local model
     judge: bool = False  # an LLM judge decides answers that do not match
     base_url: str = ""  # openai teacher: e.g. https://api.deepseek.com or http://127.0.0.1:8000/v1
     model: str = ""  # openai: the served model name; hf: artifact dir, hub id or path
     api_key_env: str = ""  # name of the environment variable holding the key ("" = none)
     judge_base_url: str = ""  # "" = the teacher's endpoint
-    judge_model: str = ""
-    judge_api_key_env: str = ""
+    judge_model: str = ""  # "" = the teacher's model
+    judge_api_key_env: str = ""  # "" = the teacher's api_key_env
     # How fast a run goes, not what it writes: kept out of the artifact id, so a rerun with other
     # values still resumes the same journal.
     concurrency: int = unhashed(32)
-    timeout: float = unhashed(60.0)
-    max_retries: int = unhashed(5)
+    timeout: float = unhashed(60.0)  # seconds one try of an endpoint request may take
+    max_retries: int = unhashed(5)  # retries of a failed endpoint request (429, 5xx, timeouts)
     batch_size: int = unhashed(1024)  # questions per rollout batch
     gen_batch_size: int = unhashed(64)  # hf teacher: sequences per generate call
-    threads: int = unhashed(0)
-    seed: int = 0
+    threads: int = unhashed(0)  # CPU threads for torch (0 = torch's default)
+    seed: int = 0  # sampled attempts, extra worlds' questions, the order of trajectories.jsonl
 
 
 def run(cfg: Config, ctx: Context):
@@ -136,7 +141,7 @@ def run(cfg: Config, ctx: Context):
         with writer:
             order = {q["id"]: i for i, q in enumerate(q for _, qs, _ in sources for q in qs)}
             rows = sorted(rows, key=lambda r: order.get(r["id"], len(order)))  # the same files after a resume
-            accepted = [public_row(r) for r in rows if r["status"] == "accepted"]
+            accepted = [t for r in rows if r["status"] == "accepted" for t in trajectory_rows(r)]
             random.Random(cfg.seed).shuffle(accepted)
             write_jsonl(writer.dir / "trajectories.jsonl", accepted)
             write_jsonl(writer.dir / "rejected.jsonl", [public_row(r) for r in rows if r["status"] == "rejected"])
@@ -163,6 +168,11 @@ def _check(cfg: Config) -> None:
         raise UserError(
             "synthesize: teacher=openai needs base_url and model (e.g. --set base_url=https://api."
             "deepseek.com --set model=deepseek-chat --set api_key_env=DEEPSEEK_API_KEY)"
+        )
+    if cfg.keep == "all" and cfg.teacher == "oracle":
+        raise UserError(
+            "synthesize.keep=all: samples a group per question; the oracle writes one trajectory per question "
+            "(use teacher=hf with a policy, or openai)"
         )
     if cfg.teacher == "hf" and not cfg.model:
         raise UserError("synthesize: teacher=hf needs model (an sft/rl artifact directory, a hub id or a path)")
@@ -236,6 +246,9 @@ def _teacher(cfg: Config, protocol: Protocol, on_result=None):
         case "oracle":
             return teachers.oracle_teacher(protocol)
         case "hf":
+            import torch
+
+            torch.manual_seed(cfg.seed)  # the sampled attempts follow the seed (RFT's groups, seed by seed)
             return teachers.hf_teacher(cfg.model, cfg.gen_batch_size)
         case "openai":
             return teachers.endpoint_teacher(
