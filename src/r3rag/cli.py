@@ -11,7 +11,8 @@ Usage:
 `r3rag --help` and `r3rag <stage> --help` take a fraction of a second: this module imports no stage
 module (a stage's help is read from its module when shown: `_StageCommand`), and a stage module
 imports torch, transformers, TRL and datasets inside the functions that use them, never at its top
-or at the top of what it imports (tests/test_cli_speed.py).
+or at the top of what it imports (tests/test_cli_speed.py). Help is click's plain formatter, not Typer's
+rich one, and rich is imported only by the commands that print with it.
 """
 
 from __future__ import annotations
@@ -36,7 +37,9 @@ app = typer.Typer(
     no_args_is_help=True,
     pretty_exceptions_enable=False,
     add_completion=False,
-    rich_markup_mode="markdown",
+    # Plain click help, not Typer's rich formatter: importing that (rich's console, markdown, tables) takes
+    # ~0.29 s, as long as the 0.3 s help may take (issue 19.3). Help texts stay Markdown for docs/cli.md.
+    rich_markup_mode=None,
     add_help_option=False,  # the app's --help is `_options`' HelpOpt (see `_show_help`)
 )
 
@@ -115,7 +118,7 @@ class _StageSettings(TyperCommand):
 
         cfg = stage_module(self.name).Config()
         keys = ", ".join(f"{f.name}={getattr(cfg, f.name)!r}" for f in dataclasses.fields(cfg))
-        return f"**Config keys** (`--set key=value`; defaults): {keys}"
+        return f"Config keys (--set key=value; defaults): {keys}"
 
     @epilog.setter
     def epilog(self, _) -> None:  # Typer sets one in __init__: the property above is the epilog
@@ -133,6 +136,13 @@ class _StageCommand(_StageSettings):
     @help.setter
     def help(self, _) -> None:
         pass
+
+    def format_help_text(self, ctx, formatter) -> None:
+        """The docstring line for line: click would join its lists and usage examples into one paragraph."""
+        formatter.write_paragraph()
+        with formatter.indentation():
+            for line in (self.help or "").strip().splitlines():
+                formatter.write(f"{' ' * formatter.current_indent}{line}\n" if line.strip() else "\n")
 
 
 def _stage_command(stage: str):
@@ -184,14 +194,36 @@ def report_cmd(
     ] = None,
     name: Annotated[str, typer.Option(help="Name of the report artifact.")] = "default",
     screenshot: Annotated[bool, typer.Option(help="Also write viewer.png (headless Chromium).")] = False,
+    results: Annotated[
+        list[Path] | None,
+        typer.Option(
+            help="Instead: regenerate the docs' blocks and charts made from this results file "
+            "(`<!-- r3rag:results FILE TABLE -->` markers; repeatable)."
+        ),
+    ] = None,
+    docs: Annotated[
+        list[Path] | None,
+        typer.Option(help="With --results: the Markdown files (default: README.md, docs/*.md, benchmarks/RESULTS.md)."),
+    ] = None,
     runs_dir: RunsOpt = None,
     debug: DebugOpt = False,
 ):
-    """One table over eval artifacts (terminal, Markdown, CSV), a bar chart PNG and an HTML trajectory viewer."""
+    """One table over eval artifacts (terminal, Markdown, CSV), a bar chart PNG and an HTML trajectory viewer;
+    or, with --results, the tables and charts in the docs generated from an experiment's results file."""
 
     def go():
         from r3rag.pipeline import run_stage
 
+        if results or docs:
+            from r3rag.results_docs import doc_files, update_docs
+
+            if evals or not results:
+                raise UserError("report: --results regenerates the docs and takes no eval artifacts; --docs needs it")
+            written, found = update_docs(docs or doc_files(Path.cwd()), Path.cwd(), results)
+            if not found:
+                raise UserError(f"report: no r3rag:results block of {', '.join(map(str, results))} in the docs")
+            print(*written, f"{found} blocks up to date", sep="\n")  # the files written, then the count
+            return
         overrides = [f"name={name}", f"screenshot={str(screenshot).lower()}"]
         overrides += [f"evals=[{','.join(evals)}]"] if evals else []
         ref = run_stage("report", None, overrides, runs_dir)
