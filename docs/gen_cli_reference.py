@@ -48,7 +48,7 @@ def render_cli(app_path: str = APP, name: str = "r3rag") -> str:
     app = getattr(importlib.import_module(module), attr or "app")
     command = typer.main.get_command(app)
     ctx = typer.Context(command, info_name=name)
-    # Help text is written in Markdown (the app's rich_markup_mode): it goes into the page as it is.
+    # Help text is written in Markdown (the terminal shows it as plain text): it goes into the page as it is.
     body = get_docs_for_click(obj=command, ctx=ctx, name=name, title="CLI reference")
     return _header("the Typer app (r3rag.cli)") + _escape_tags(body.strip()) + "\n"
 

@@ -111,30 +111,36 @@ def test_bad_experiments_fail_with_one_line(tmp_path, change, needles):
 def test_replicate_pipeline_dry_run_plans_every_variant(tmp_path):
     out = r3rag_inprocess("run", ROOT / "pipelines" / "replicate.yaml", "--dry-run", "--runs-dir", tmp_path / "runs")
     assert out.returncode == 0, out.stderr
-    for variant in ("main", "process", "nomask", "lora_rl", "scratch"):
-        assert f"{variant}: rl" in out.stdout
-    assert "<lora.base>/model" in out.stdout and "mask_retrieved=False" in out.stdout
+    for seed in (0, 1, 2):  # three seeds of GRPO and of both matched controls, each from its own cold start
+        assert f"main#s{seed}: rl" in out.stdout and f"rft#s{seed}: synthesize" in out.stdout
+    assert "max_steps=200" in out.stdout and "keep=all" in out.stdout
+    from r3rag.experiment import plan_file
+
+    plan = {row["stage"]: row for row in plan_file(ROOT / "pipelines" / "replicate.yaml", [], tmp_path / "runs")}
+    for seed in (0, 1, 2):
+        assert f"<main#s{seed}.sft>/model" in str(plan[f"more_sft#s{seed}: sft"])
     assert not (tmp_path / "runs").exists()
     bad = r3rag_inprocess("run", ROOT / "pipelines" / "replicate.yaml", "--dry-run", "--set", "report.x=1")
     assert_one_line_error(bad, "report.x=1", "not a stage")
 
 
 def test_replicate_ablations_dry_run_keeps_the_replication_settings_at_200_steps(tmp_path):
-    """replicate-ablations.yaml extends replicate.yaml: the same world, cold start and GRPO, and
-    the ablations at the main run's 200 steps (so they reuse its artifacts)."""
+    """replicate-ablations.yaml extends replicate.yaml: the same world, seeds, cold start and GRPO
+    (so it reuses their artifacts), each ablation at the main run's 200 steps."""
     from r3rag.pipeline import _load_pipeline
 
     base = _load_pipeline(ROOT / "pipelines" / "replicate.yaml")
     ablations = _load_pipeline(ROOT / "pipelines" / "replicate-ablations.yaml")
-    for section in ("world", "index", "synthesize", "sft", "rl", "eval"):
+    for section in ("world", "index", "synthesize", "sft", "rl", "eval", "seeds"):
         assert ablations[section] == base[section]
-    assert set(ablations["variants"]) == {"main", "process", "nomask", "lora_rl"}
+    assert {"nomask", "process", "process_oracle", "lora_rl", "scratch"} <= set(ablations["variants"])
     assert not any("steps" in s for v in ablations["variants"].values() for s in v.get("set", []))
+    assert any("ORACLE" in label for label in ablations["table"])  # gold relevance is labelled an oracle
     out = r3rag_inprocess(
         "run", ROOT / "pipelines" / "replicate-ablations.yaml", "--dry-run", "--runs-dir", tmp_path / "runs"
     )
     assert out.returncode == 0, out.stderr
-    assert "nomask: rl" in out.stdout and "steps=200" in out.stdout
+    assert "nomask#s2: rl" in out.stdout and "steps=200" in out.stdout
 
 
 def test_train_minutes_follow_a_model_another_variant_trained(tmp_path):
@@ -158,3 +164,37 @@ def test_train_minutes_follow_a_model_another_variant_trained(tmp_path):
         )
         == 150.0
     )
+
+
+def test_a_seeded_experiment_trains_each_seed_and_reports_mean_and_sd(tmp_path):
+    """`seeds:` runs the cold start once per seed (its world, index and teacher data shared) and
+    the table row is over seeds."""
+    from r3rag.experiment import run_file
+
+    runs = tmp_path / "runs"
+    path = _experiment(
+        tmp_path,
+        seeds={"values": [0, 1], "set": ["sft.seed={seed}"]},
+        variants={
+            "cold": {
+                "stages": ["world", "index", "synthesize", "sft", "eval"],
+                "set": ["eval.rl=", "eval.systems=[sft]"],
+            }
+        },
+        table={"SFT": "cold/sft", "SFT, again": "cold/sft"},
+        compare=[["SFT, again", "SFT"]],  # paired over the same questions: nothing between an arm and itself
+    )
+    ref = run_file(path, [], runs)
+    seeds = sorted(yaml.safe_load((d / "config.yaml").read_text())["seed"] for d in (runs / "sft").iterdir())
+    assert seeds == [0, 1] and len(list((runs / "synthesize").iterdir())) == 1
+    row = json.loads((ref.path / "table.json").read_text())["rows"][0]
+    per_seed = [
+        json.loads((Path(ref.manifest["inputs"][f"cold#s{s}"]["path"]) / "metrics.json").read_text())["systems"]["sft"][
+            "em"
+        ]
+        for s in (0, 1)
+    ]
+    assert row["n_seeds"] == 2 and row["em_per_seed"] == per_seed
+    (same,) = json.loads((ref.path / "table.json").read_text())["comparisons"]
+    assert same["diff"] == 0 and same["inside_noise"] and same["n_seeds"] == [2, 2]
+    assert "| SFT, again | SFT | +0.000 [" in (ref.path / "table.md").read_text()

@@ -18,7 +18,9 @@ built (e.g. the dense index the main variant's eval also searches with).
 Writes runs/table/<name>-<hash>/ with table.md (printed too) and table.json: per row EM with
 its 95% bootstrap interval, F1, EM by hops, searches, and the training time of the row's
 policy (its base, sft and rl artifacts' wall seconds, as recorded when they were built).
-`--set` overrides on the command line apply to every variant that runs that stage.
+`--set` overrides on the command line apply to every variant that runs that stage. With a top-level
+`results: results/<name>.json`, the run also writes that results file, last (r3rag.results_file),
+from which `r3rag report --results` regenerates the docs' tables (r3rag.results_docs).
 
 Usage:
     r3rag run pipelines/replicate.yaml
@@ -36,6 +38,7 @@ from pathlib import Path
 
 from r3rag.artifacts import ArtifactRef, ArtifactWriter
 from r3rag.errors import UserError
+from r3rag.experiment_seeds import expand_seeds
 from r3rag.pipeline import (
     is_experiment,
     load_pipeline,
@@ -46,6 +49,7 @@ from r3rag.pipeline import (
     run_stages,
     split_overrides,
 )
+from r3rag.results_compare import build_comparisons, compare_spec, comparison_markdown
 
 PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
 VARIANT_KEYS = {"stages", "set"}
@@ -122,7 +126,11 @@ def check_overrides(overrides: list[str], variants: dict[str, dict]) -> None:
 def run_experiment(path: Path, data: dict, overrides: list[str], runs_dir: Path | None) -> ArtifactRef:
     from rich.console import Console
 
+    from r3rag.results_file import results_spec, write_results
+
     variants = parse_variants(path, data)
+    results = results_spec(path, data)
+    compare_spec(path, data)  # before hours of training, not after
     check_overrides(overrides, variants)
     console, t0 = Console(), time.time()
     built: dict[str, dict[str, ArtifactRef]] = {}
@@ -130,11 +138,18 @@ def run_experiment(path: Path, data: dict, overrides: list[str], runs_dir: Path 
         console.rule(f"variant {name}")
         per_stage = variant_overrides(path, name, spec, overrides, built)
         built[name] = run_stages(path, data, spec["stages"], per_stage, runs_dir)
-    return write_table(path, data, built, time.time() - t0, runs_dir, console)
+    table = write_table(path, data, built, time.time() - t0, runs_dir, console)
+    if results:  # last: the docs are generated from it, and it names the table artifact
+        console.print(f"[green]results[/green]: wrote {write_results(results, path, data, built, table)}")
+    return table
 
 
 def plan_experiment(path: Path, data: dict, overrides: list[str], runs_dir: Path | None) -> list[dict]:
+    from r3rag.results_file import results_spec
+
     variants = parse_variants(path, data)
+    results_spec(path, data)  # checked in a dry run too
+    compare_spec(path, data)
     check_overrides(overrides, variants)
     plan = []
     for name, spec in variants.items():
@@ -152,6 +167,8 @@ def write_table(path: Path, data: dict, built: dict, wall: float, runs_dir, cons
     evals = {name: refs["eval"] for name, refs in built.items() if "eval" in refs}
     rows = build_rows(data["table"], built, path)
     config = {"variants": data.get("variants"), "table": data["table"]}
+    if data.get("compare"):  # only then: the ids of tables without comparisons stay what they were
+        config["compare"] = data["compare"]
     writer = ArtifactWriter("table", str(data.get("name", "experiment")), config, evals, runs_dir)
     if writer.existing:  # same variants, same artifacts: the table (and its timings) as first written
         print((writer.existing.path / "table.md").read_text())
@@ -163,10 +180,13 @@ def write_table(path: Path, data: dict, built: dict, wall: float, runs_dir, cons
         "wall_seconds": round(wall, 1),
         "compute_seconds": round(sum(artifacts.values()), 1),
     }
-    text = markdown(rows, about)
+    comparisons = build_comparisons(compare_spec(path, data), data["table"], built)
+    text = markdown(rows, about) + ("\n" + comparison_markdown(comparisons) if comparisons else "")
     with writer:
         (writer.dir / "table.md").write_text(text)
-        (writer.dir / "table.json").write_text(json.dumps({"rows": rows, **about}, indent=2))
+        (writer.dir / "table.json").write_text(
+            json.dumps({"rows": rows, "comparisons": comparisons, **about}, indent=2)
+        )
         plot(rows, writer.dir / "table.png")
         writer.metrics.update({r["label"]: r["em"] for r in rows})
         writer.extra["about"] = about
@@ -186,7 +206,7 @@ def run_file(path: Path, overrides: list[str], runs_dir: Path | None) -> Artifac
     """`r3rag run`: an experiment (variants + table), or else a plain pipeline."""
     data = load_pipeline(path)
     if is_experiment(data):
-        return run_experiment(path, data, overrides, runs_dir)
+        return run_experiment(path, expand_seeds(path, data), overrides, runs_dir)
     return run_pipeline(path, overrides, runs_dir, data=data)
 
 
@@ -194,5 +214,5 @@ def plan_file(path: Path, overrides: list[str], runs_dir: Path | None) -> list[d
     """`r3rag run --dry-run`: the plan of an experiment or of a plain pipeline."""
     data = load_pipeline(path)
     if is_experiment(data):
-        return plan_experiment(path, data, overrides, runs_dir)
+        return plan_experiment(path, expand_seeds(path, data), overrides, runs_dir)
     return plan_pipeline(path, overrides, runs_dir, data=data)

@@ -26,7 +26,7 @@ from r3rag.errors import UserError
 from r3rag.stages import STAGE_ORDER, STAGES, stage_module
 from r3rag.stages.common import FILE, Context
 
-TOP_LEVEL = {"name", "extends", "stages", "variants", "table", *STAGE_ORDER}
+TOP_LEVEL = {"name", "extends", "stages", "variants", "table", "seeds", "compare", "results", *STAGE_ORDER}
 
 
 def _load_pipeline(path: Path | None, _seen: tuple[Path, ...] = ()) -> dict:
@@ -134,6 +134,8 @@ def _plain(path: Path, data: dict | None) -> dict:
         raise UserError(
             f"{path}: has variants and a table: an experiment (run it with `r3rag run`, or r3rag.experiment.run_file)"
         )
+    if "results" in data:  # a results file is an experiment's table as data: a plain pipeline has no table
+        raise UserError(f"{path}: results: only an experiment (variants and a table) writes a results file")
     return data
 
 

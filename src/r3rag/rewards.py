@@ -77,11 +77,11 @@ Relevance = Literal["gold", "embedding", "judge"]
 @dataclass
 class R3ragWeights:
     correct: Literal["em", "cover", "judge"] = "em"  # how "right" is decided
-    right: float = 1.6
-    wrong: float = 0.8
-    no_answer: float = 0.9
-    format_error: float = -0.9
-    answer_right: float = 2.0
+    right: float = 1.6  # s_t = right x rel_t when the answer is right
+    wrong: float = 0.8  # s_t = wrong x rel_t when the answer is wrong
+    no_answer: float = 0.9  # s_t = no_answer x rel_t when max_turns ended it without an answer
+    format_error: float = -0.9  # the extra step s_k after a malformed turn or a length limit
+    answer_right: float = 2.0  # the outcome o of a right answer (0 otherwise)
 
     def __post_init__(self):
         check_literals(self, "reward.r3rag")
@@ -89,19 +89,21 @@ class R3ragWeights:
 
 @dataclass
 class SearchR1Format:
-    structure: float = 0.2
-    final: float = 0.1
-    retrieval: float = 0.0
+    structure: float = 0.2  # s: what a well-formed wrong answer earns, and a malformed right one loses
+    final: float = 0.1  # f: what a malformed wrong answer earns
+    retrieval: float = 0.0  # r: added to s when a gold answer appears in a retrieved document
 
 
 @dataclass
 class RewardSettings:
-    relevance: Relevance = "gold"  # how a search step's documents are judged (r3rag.relevance)
+    # How a search step's documents are judged (r3rag.relevance): embedding (the default: any corpus),
+    # judge, or gold, an ORACLE process reward that reads the gold documents no real corpus offers.
+    relevance: Relevance = "embedding"
     encoder: str = ""  # embedding relevance encoder ("" = the packaged all-MiniLM-L6-v2)
     judge: JudgeSpec = field(default_factory=JudgeSpec)  # the LLM judge's endpoint (judge, relevance=judge)
     doc_chars: int = 512  # characters of each document the relevance judge / encoder sees (R3-RAG: 512)
-    r3rag: R3ragWeights = field(default_factory=R3ragWeights)
-    search_r1_format: SearchR1Format = field(default_factory=SearchR1Format)
+    r3rag: R3ragWeights = field(default_factory=R3ragWeights)  # the `r3rag` component's constants
+    search_r1_format: SearchR1Format = field(default_factory=SearchR1Format)  # the `search_r1_format` constants
 
     def __post_init__(self):
         check_literals(self, "reward")  # settings built in code skip the config's check
@@ -272,17 +274,9 @@ class RewardScorer:
     def client(self):
         """One chat client (connections, concurrency) for the answer and the relevance judge."""
         if self._client is None:
-            from r3rag.llm.openai_client import ChatClient
-
             spec = self.settings.judge
-            if not spec.endpoint or not spec.model:
-                raise UserError(
-                    "rl.reward.judge: set endpoint and model (an OpenAI-compatible server) "
-                    "for the judge reward or relevance=judge"
-                )
-            self._client = ChatClient(
-                spec.endpoint, spec.model, api_key_env=spec.api_key_env, concurrency=spec.concurrency
-            )
+            purpose = "for the judge reward or relevance=judge"
+            self._client = spec.client("rl.reward.judge", purpose, concurrency=spec.concurrency)
         return self._client
 
     def _verdicts(self, trajs: list[Trajectory], examples: list[dict]) -> list[float]:

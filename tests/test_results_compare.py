@@ -1,0 +1,56 @@
+"""Paired comparisons between an experiment's rows (r3rag.results_compare): per-question EM
+averaged over seeds, the difference bootstrapped over the same questions, bad pairs one error."""
+
+import json
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+
+from r3rag.errors import UserError
+from r3rag.results_compare import build_comparisons, compare_spec, comparison_markdown
+
+TABLE = {"GRPO": ["g#s0/rl", "g#s1/rl"], "SFT": ["g#s0/sft", "g#s1/sft"], "same": "h/sft"}
+
+
+def _eval(tmp_path: Path, name: str, systems: dict[str, list[float]]):
+    d = tmp_path / name
+    d.mkdir()
+    rows = [{"system": s, "id": f"q{i}", "em": em} for s, ems in systems.items() for i, em in enumerate(ems)]
+    (d / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return {"eval": SimpleNamespace(path=d)}
+
+
+def test_a_clear_gain_is_outside_the_noise_and_equal_arms_inside(tmp_path):
+    n = 200
+    built = {
+        "g#s0": _eval(tmp_path, "s0", {"rl": [1.0] * 150 + [0.0] * 50, "sft": [1.0] * 60 + [0.0] * 140}),
+        "g#s1": _eval(tmp_path, "s1", {"rl": [1.0] * 140 + [0.0] * 60, "sft": [1.0] * 60 + [0.0] * 140}),
+        "h": _eval(tmp_path, "h", {"sft": [1.0] * 60 + [0.0] * 140}),
+    }
+    gain, same = build_comparisons([("GRPO", "SFT"), ("same", "SFT")], TABLE, built)
+    assert gain["diff"] == pytest.approx((145 - 60) / n) and gain["ci"][0] > 0 and not gain["inside_noise"]
+    assert gain["n"] == n and gain["n_seeds"] == [2, 2]
+    assert same["diff"] == 0 and same["inside_noise"]
+    text = comparison_markdown([gain, same])
+    assert "| GRPO | SFT | +0.425 [" in text and text.count("| yes |") == 1
+
+
+def test_arms_over_different_questions_are_one_clear_error(tmp_path):
+    built = {"g#s0": _eval(tmp_path, "s0", {"rl": [1.0, 0.0]}), "h": _eval(tmp_path, "h", {"sft": [1.0, 0.0, 1.0]})}
+    with pytest.raises(UserError, match=r"compare \[a, b\]: .*different questions"):
+        build_comparisons([("a", "b")], {"a": "g#s0/rl", "b": "h/sft"}, built)
+
+
+@pytest.mark.parametrize(
+    "compare, message",
+    [
+        ({"GRPO": "SFT"}, "expected a list"),
+        ([["GRPO"]], r"compare\[0\]: expected \[row a, row b\]"),
+        ([["GRPO", "SFT"], ["GRPO", "nope"]], r"compare\[1\]: 'nope' is not a row of table"),
+    ],
+)
+def test_bad_compare_sections_name_the_pair(compare, message):
+    with pytest.raises(UserError, match=message):
+        compare_spec(Path("exp.yaml"), {"table": TABLE, "compare": compare})
+    assert compare_spec(Path("exp.yaml"), {"table": TABLE}) == []
