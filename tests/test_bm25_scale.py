@@ -1,20 +1,28 @@
 """BM25 at scale: the chunked on-disk build equals bm25s' own index (arrays and search results),
-it serves memory-mapped, damaged or mismatched index files are one clear error, and an index
-stage killed in the middle of the build publishes nothing and reruns cleanly."""
+it serves memory-mapped, damaged or mismatched index files are one clear error, and a build (or an
+index stage) killed in the middle publishes nothing and resumes from its finished chunks, giving
+the same files bit for bit."""
 
 from __future__ import annotations
 
 import json
+import os
 import shutil
+import signal
+import subprocess
+import sys
+from pathlib import Path
 
 import numpy as np
 import pytest
 
+import r3rag.retrieval.bm25_build as bb
+from r3rag.artifacts import list_artifacts
 from r3rag.errors import UserError
 from r3rag.pipeline import run_stage
 from r3rag.retrieval import load_retriever
 from r3rag.retrieval.bm25 import BM25Retriever
-from r3rag.retrieval.docstore import DocStore, write_docstore
+from r3rag.retrieval.docstore import DocStore, rows_digest, write_docstore
 
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 
@@ -120,9 +128,7 @@ def test_unknown_method_is_a_user_error(tmp_path):
     assert not (tmp_path / "idx").exists()
 
 
-def test_index_stage_killed_mid_build_publishes_nothing_and_reruns(tmp_path, monkeypatch):
-    import r3rag.retrieval.bm25_build as bb
-
+def test_index_stage_interrupted_mid_build_publishes_nothing_and_resumes(tmp_path, monkeypatch):
     corpus = tmp_path / "c.jsonl"
     corpus.write_text("".join(json.dumps(d) + "\n" for d in _corpus(300)))
     runs = tmp_path / "runs"
@@ -134,12 +140,210 @@ def test_index_stage_killed_mid_build_publishes_nothing_and_reruns(tmp_path, mon
     monkeypatch.setattr(bb, "_score_all", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_stage("index", None, sets, runs)
-    assert not (runs / "index").exists() or not any((runs / "index").iterdir())
+    assert list_artifacts(runs, "index") == []  # nothing published; the tokenised chunk waits for the rerun
+    assert [p.name for p in (runs / "index").iterdir()] == [next((runs / "index").glob(".work-*")).name]
     monkeypatch.undo()
     ref = run_stage("index", None, sets, runs)
-    assert ref.manifest["metrics"]["docs"] == 300 and [p.name for p in (runs / "index").iterdir()] == [ref.id]
+    m = ref.manifest["metrics"]
+    assert (m["docs"], m["chunks"], m["tokenized_chunks"]) == (300, 1, 0)  # resumed: nothing tokenised again
+    assert [p.name for p in (runs / "index").iterdir()] == [ref.id]  # the work folder went with the publish
     r = load_retriever(ref.path / "index")
     assert isinstance(r.docs, DocStore) and len(r.docs) == 300
+
+
+# --- resuming a killed build --------------------------------------------------------------------------
+
+KILLED_BUILD = r"""
+import os, signal, sys
+from pathlib import Path
+import r3rag.retrieval.bm25_build as bb
+from tests.test_bm25_scale import _corpus
+
+out, work = Path(sys.argv[1]), Path(sys.argv[2])
+real_write = bb._Chunks.write
+
+def write_then_die(self, i, *args):
+    real_write(self, i, *args)
+    if i == 1:  # chunks 0 and 1 are finished, marker and all
+        os.kill(os.getpid(), signal.SIGKILL)
+
+bb._Chunks.write = write_then_die
+bb.build_bm25_files(_corpus(), out, chunk_docs=37, bucket_entries=500, workers=1, work_dir=work)
+print("not killed")
+"""
+
+
+def _files(folder: Path) -> dict[str, bytes]:
+    return {p.name: p.read_bytes() for p in sorted(folder.iterdir())}
+
+
+def _counting_tokenizer(monkeypatch) -> list[int]:
+    """The first row of every chunk this process tokenises (workers=1: in this process)."""
+    firsts, real = [], bb._tokenize_rows
+
+    def counting(docs, lo, hi, *args):
+        firsts.append(lo)
+        return real(docs, lo, hi, *args)
+
+    monkeypatch.setattr(bb, "_tokenize_rows", counting)
+    return firsts
+
+
+def test_killed_build_resumes_without_redoing_chunks(tmp_path, monkeypatch):
+    """SIGKILL after 2 of 17 chunks: nothing at `out`; the rerun tokenises chunks 2..16 only, and the
+    index equals an uninterrupted build's, file for file, bit for bit."""
+    out, work, root = tmp_path / "bm25", tmp_path / "work", Path(__file__).resolve().parents[1]
+    child = subprocess.run(
+        [sys.executable, "-c", KILLED_BUILD, str(out), str(work)],
+        capture_output=True,
+        text=True,
+        cwd=root,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        timeout=300,  # orphaned tokenising workers holding the pipes would hang it (bm25_build._exit_with)
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+    assert not out.exists()  # nothing half-written is visible
+    assert sorted(p.name for p in work.glob("c*.json")) == ["c00000.json", "c00001.json"]
+    (work / "c00002.tok").write_bytes(b"half a chunk")  # as if killed mid-write, before its marker
+    kept = {p.name: p.stat().st_mtime_ns for p in work.glob("c0000[01].*")}
+
+    firsts = _counting_tokenizer(monkeypatch)
+    real_score = bb._score_all
+
+    def score_and_check(*args):  # the kept chunks' files, untouched when phase 2 reads them
+        assert {p.name: p.stat().st_mtime_ns for p in work.glob("c0000[01].*")} == kept
+        return real_score(*args)
+
+    monkeypatch.setattr(bb, "_score_all", score_and_check)
+    stats = bb.build_bm25_files(_corpus(), out, chunk_docs=37, bucket_entries=500, workers=1, work_dir=work)
+    assert stats == {"chunks": 17, "tokenized_chunks": 15} and firsts == list(range(74, 600, 37))
+    assert not work.exists()  # removed once the index is published
+
+    monkeypatch.setattr(bb, "_score_all", real_score)
+    straight = tmp_path / "straight"
+    bb.build_bm25_files(_corpus(), straight, chunk_docs=37, bucket_entries=500, workers=1)
+    assert _files(out) == _files(straight)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bm25", "straight"]  # no work folder left behind
+
+
+def _interrupted_build(docs, out: Path, monkeypatch, **kw) -> None:
+    """A build stopped after phase 1 (every chunk finished), as Ctrl-C would."""
+
+    def interrupted(*args, **kwargs):
+        raise KeyboardInterrupt
+
+    with monkeypatch.context() as m:
+        m.setattr(bb, "_score_all", interrupted)
+        with pytest.raises(KeyboardInterrupt):
+            bb.build_bm25_files(docs, out, chunk_docs=37, bucket_entries=500, workers=1, **kw)
+    assert not out.exists() and (out.parent / f".{out.name}.work").is_dir()
+
+
+def test_resume_reuses_only_chunks_of_the_same_corpus_and_settings(tmp_path, monkeypatch):
+    docs = _corpus(200)  # 6 chunks of 37
+    out = tmp_path / "bm25"
+    ref = tmp_path / "ref"
+    bb.build_bm25_files(docs, ref, chunk_docs=37, bucket_entries=500, workers=1, method="bm25+")
+
+    _interrupted_build(docs, out, monkeypatch)  # scoring settings only enter phase 2: chunks reused
+    firsts = _counting_tokenizer(monkeypatch)
+    stats = bb.build_bm25_files(docs, out, chunk_docs=37, bucket_entries=500, workers=1, method="bm25+")
+    assert stats == {"chunks": 6, "tokenized_chunks": 0} and firsts == [] and _files(out) == _files(ref)
+
+    shutil.rmtree(out)
+    _interrupted_build(docs, out, monkeypatch)  # other tokenising settings: every chunk again
+    stats = bb.build_bm25_files(docs, out, stopwords=None, chunk_docs=37, bucket_entries=500, workers=1)
+    assert stats["tokenized_chunks"] == 6
+
+    shutil.rmtree(out)
+    _interrupted_build(docs, out, monkeypatch)  # a document of chunk 2 changed: chunks 0 and 1 kept
+    edited = [dict(d) for d in docs]
+    edited[80]["text"] += " w7"
+    firsts.clear()
+    stats = bb.build_bm25_files(edited, out, chunk_docs=37, bucket_entries=500, workers=1)
+    assert stats["tokenized_chunks"] == 4 and firsts == [74, 111, 148, 185]
+    fresh = tmp_path / "fresh"
+    bb.build_bm25_files(edited, fresh, chunk_docs=37, bucket_entries=500, workers=1)
+    assert _files(out) == _files(fresh)
+
+
+def test_rows_digest_is_the_same_for_a_store_and_a_list(tmp_path):
+    docs = _corpus(100)
+    store = write_docstore(tmp_path / "docs", docs)
+    assert rows_digest(store, 10, 47) == rows_digest(docs, 10, 47) != rows_digest(docs, 10, 46)
+    a, b = (
+        {"id": "x", "title": "ab", "text": "c"},
+        {"id": "x", "title": "a", "text": "bc"},
+    )  # same bytes, split otherwise
+    assert rows_digest([a], 0, 1) != rows_digest([b], 0, 1)
+
+
+def test_bad_stopwords_are_one_line_and_a_failure_before_any_chunk_leaves_nothing(tmp_path, monkeypatch):
+    with pytest.raises(UserError, match="bm25 stopwords 'xx'") as e:
+        BM25Retriever.build_on_disk(_corpus(10), tmp_path / "idx", stopwords="xx")
+    assert "\n" not in str(e.value) and not (tmp_path / "idx").exists()
+
+    def broken(*args):
+        raise MemoryError
+
+    monkeypatch.setattr(bb, "_tokenize_rows", broken)
+    with pytest.raises(MemoryError):
+        bb.build_bm25_files(_corpus(10), tmp_path / "bm25", workers=1)
+    assert list(tmp_path.iterdir()) == []  # no work folder: nothing in it to resume from
+
+
+def test_an_existing_output_folder_is_refused_before_any_work(tmp_path):
+    (tmp_path / "bm25").mkdir()
+    with pytest.raises(FileExistsError, match="already exists"):
+        bb.build_bm25_files(_corpus(10), tmp_path / "bm25")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["bm25"]
+
+
+KILLED_STAGE = r"""
+import os, signal, sys
+import r3rag.retrieval.bm25_build as bb
+from r3rag.pipeline import run_stage
+
+runs, corpus = sys.argv[1], sys.argv[2]
+bb.CHUNK_DOCS = 50
+real_write = bb._Chunks.write
+
+def write_then_die(self, i, *args):
+    real_write(self, i, *args)
+    if i == 1:
+        os.kill(os.getpid(), signal.SIGKILL)
+
+bb._Chunks.write = write_then_die
+run_stage("index", None, ["world=", f"corpus={corpus}"], runs)
+print("not killed")
+"""
+
+
+def test_index_stage_killed_mid_build_resumes(tmp_path, monkeypatch):
+    """`r3rag index` (bm25, tokenising in worker processes) killed after 2 of 6 chunks: nothing published,
+    the workers exit; the rerun tokenises 4 and publishes the same index files as an uninterrupted build."""
+    runs, corpus, root = tmp_path / "runs", tmp_path / "c.jsonl", Path(__file__).resolve().parents[1]
+    corpus.write_text("".join(json.dumps(d) + "\n" for d in _corpus(300)))
+    child = subprocess.run(
+        [sys.executable, "-c", KILLED_STAGE, str(runs), str(corpus)],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "PYTHONPATH": str(root)},
+        timeout=300,  # orphaned tokenising workers holding the pipes would hang it (bm25_build._exit_with)
+    )
+    assert child.returncode == -signal.SIGKILL, child.stderr[-2000:]
+    assert list_artifacts(runs, "index") == []  # nothing that looks finished
+    (work,) = (runs / "index").glob(".work-*")
+    assert sorted(p.name for p in work.glob("c*.json")) == ["c00000.json", "c00001.json"]
+
+    monkeypatch.setattr(bb, "CHUNK_DOCS", 50)
+    sets = ["world=", f"corpus={corpus}"]
+    ref = run_stage("index", None, sets, runs)
+    m = ref.manifest["metrics"]
+    assert (m["docs"], m["chunks"], m["tokenized_chunks"]) == (300, 6, 4)
+    assert not work.exists() and [p.name for p in (runs / "index").iterdir()] == [ref.id]
+    straight = run_stage("index", None, sets, tmp_path / "runs2")
+    assert _files(ref.path / "index/bm25") == _files(straight.path / "index/bm25")
 
 
 def test_stemmer_setting_reaches_bm25s(tmp_path):

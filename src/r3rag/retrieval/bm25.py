@@ -88,6 +88,7 @@ class BM25Retriever:
     def __init__(self, model: bm25s.BM25, docs: Sequence[dict], settings: dict):
         self.model, self.docs, self.settings = model, docs, settings
         self._matrix = self._score_matrix(model)  # vocab x docs
+        self.build_stats: dict = {}  # build_on_disk's: chunks, tokenized_chunks
 
     @staticmethod
     def _score_matrix(model: bm25s.BM25) -> sparse.csr_matrix:
@@ -186,20 +187,25 @@ class BM25Retriever:
     ):
         """Index `docs` (a DocStore, ideally already at index_dir/docs, or a list) into the new
         `index_dir` in bounded memory (bm25_build), and load it memory-mapped. `chunking`:
-        chunk_docs, bucket_entries, workers (tokenising processes; default one per core)."""
-        from r3rag.retrieval.bm25_build import METHODS, build_bm25_files
+        chunk_docs, bucket_entries, workers (tokenising processes; default one per core), work_dir
+        (where finished chunks wait for a rerun after a kill; default index_dir/.bm25.work).
+        `build_stats` of the result: {"chunks", "tokenized_chunks"} (the others were resumed)."""
+        from r3rag.retrieval.bm25_build import METHODS, build_bm25_files, check_stopwords
 
         if method not in METHODS:  # checked before anything is written
             raise UserError(f"bm25 method {method!r}: expected one of {', '.join(METHODS)}")
         _stemmer(stemmer)  # PyStemmer missing: one clear line, before anything is written
+        check_stopwords(stopwords)
         index_dir = Path(index_dir)
         _save_docs(docs, index_dir / "docs")
-        build_bm25_files(
+        stats = build_bm25_files(
             docs, index_dir / "bm25", stopwords=stopwords, stemmer=stemmer, k1=k1, b=b, method=method, **chunking
         )
         settings = _settings(stopwords, stemmer, k1, b, method, len(docs))
         (index_dir / "settings.json").write_text(json.dumps(settings, indent=2))
-        return cls.load(index_dir)
+        r = cls.load(index_dir)
+        r.build_stats = stats
+        return r
 
     def save(self, index_dir: Path) -> None:
         index_dir.mkdir(parents=True, exist_ok=True)

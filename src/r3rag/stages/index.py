@@ -20,6 +20,9 @@ Usage:
     r3rag index --set backend=dense --set prebuilt_index=e5_Flat.index --set corpus=wiki-18.jsonl --set world= \\
         --set encoder=intfloat/e5-base-v2 --set 'query_prefix="query: "'     # Search-R1's index, as it is
 
+BM25 at scale: the tokenised chunks wait in runs/index/.work-<id>/ too, so a killed build resumes
+from the last finished chunk.
+
 Dense at scale: encoding runs in resumable fp16 chunks (`chunk_size`; a killed build reruns from the
 last finished chunk, kept in runs/index/.work-<id>/), the faiss index type is one setting (`index_type`,
 with nlist / pq_m / nprobe / refine_k / train_size) and is memory-mapped when served.
@@ -97,7 +100,7 @@ def run(cfg: Config, ctx: Context):
     with writer:
         t0 = time.time()
         if cfg.backend == "bm25":
-            n_docs = build_bm25_on_disk(cfg, corpus_path, writer.dir / "index")
+            n_docs = build_bm25_on_disk(cfg, corpus_path, writer)
         elif cfg.backend == "dense":
             n_docs = build_dense_on_disk(cfg, corpus_path, writer)
         else:
@@ -112,8 +115,8 @@ def run(cfg: Config, ctx: Context):
                 "corpus_sha256": sha,
             }
         )
-    if cfg.backend == "dense":  # published: the shards it was built from are no longer needed
-        shutil.rmtree(dense_work_dir(writer), ignore_errors=True)
+    if cfg.backend in ("bm25", "dense"):  # published: the chunks or shards it was built from are no longer needed
+        shutil.rmtree(work_dir(writer), ignore_errors=True)
     return ctx.done(writer)
 
 
@@ -140,14 +143,18 @@ def build(cfg: Config, docs: list[dict]):
             return HybridRetriever.build(docs, bm25=bm25, dense=dense, rrf_k=cfg.rrf_k, candidates=cfg.candidates)
 
 
-def build_bm25_on_disk(cfg: Config, corpus_path: Path, out: Path) -> int:
+def build_bm25_on_disk(cfg: Config, corpus_path: Path, writer) -> int:
     """bm25 at any corpus size: the corpus streams into a DocStore, the index builds from it in
-    chunks (bounded memory); both are memory-mapped when served. Returns the number of documents."""
+    chunks (bounded memory) kept in runs/index/.work-<id>/ (a killed build resumes from them; removed
+    once the index is written); both are memory-mapped when served. Returns the number of documents."""
     from r3rag.retrieval.bm25 import BM25Retriever
     from r3rag.retrieval.docstore import import_corpus
 
+    out = writer.dir / "index"
     store = import_corpus(corpus_path, out / "docs")
-    BM25Retriever.build_on_disk(store, out, stopwords=cfg.stopwords, stemmer=cfg.stemmer, k1=cfg.k1, b=cfg.b)
+    bm25 = {"stopwords": cfg.stopwords, "stemmer": cfg.stemmer, "k1": cfg.k1, "b": cfg.b}
+    r = BM25Retriever.build_on_disk(store, out, work_dir=work_dir(writer), **bm25)
+    writer.metrics.update(r.build_stats)  # tokenized_chunks < chunks: the build resumed
     return len(store)
 
 
@@ -172,7 +179,7 @@ def build_dense_on_disk(cfg: Config, corpus_path: Path, writer) -> int:
 
         query = {k: getattr(cfg, k) for k in ("pooling", "query_prefix", "passage_prefix", "normalize", "max_length")}
         return len(write_prebuilt(out, Path(cfg.prebuilt_index), corpus_path, cfg.encoder, **query).docs)
-    work = dense_work_dir(writer)
+    work = work_dir(writer)
     store = import_corpus(corpus_path, out / "docs")
     r = DenseRetriever.build(store, work_dir=work, **dense_options(cfg))
     r.save(out)
@@ -188,9 +195,9 @@ def build_dense_on_disk(cfg: Config, corpus_path: Path, writer) -> int:
     return len(store)
 
 
-def dense_work_dir(writer) -> Path:
-    """Where a dense build keeps its encoded shards between a kill and the rerun (ArtifactWriter keeps
-    `.work-<id>` entries with files when a command fails)."""
+def work_dir(writer) -> Path:
+    """Where a bm25 build keeps its tokenised chunks, and a dense build its encoded shards, between a
+    kill and the rerun (ArtifactWriter keeps `.work-<id>` entries with files when a command fails)."""
     return writer.final.parent / f".work-{writer.id}"
 
 
