@@ -10,7 +10,7 @@ SET ?=
 RUN := $(R3RAG) run $(PIPELINE) --set world.seed=$(SEED) $(SET)
 STAGE_ARGS := --config $(PIPELINE) --set seed=$(SEED)
 
-.PHONY: install test test-fast lint docs demo real real-smoke replicate replicate-ablations world index synthesize base sft rl eval report report-demo serve-retriever runs clean
+.PHONY: install test test-fast lint docs demo real real-smoke replicate-dev replicate replicate-ablations world index synthesize base sft rl eval report report-demo serve-retriever runs clean
 
 install: $(VENV)/.installed
 
@@ -54,15 +54,18 @@ REAL_SMOKE := --set 'world.limits={train: 10, test: 2}' --set sft.epochs=1 --set
 real-smoke: install
 	$(R3RAG) run pipelines/real-smollm2.yaml $(REAL_SMOKE) $(SET)
 
-# The miniature replication: every row of the results table (pipelines/replicate.yaml); not yet timed in its
-# current form (dev split, reader baselines, seed rows): several hours on 2 cores.
+# The miniature replication (docs/replication.md): first its settings on the dev split
+# (pipelines/replicate-dev.yaml), then every row of the results table at three seeds
+# (pipelines/replicate.yaml), then its ablations (pipelines/replicate-ablations.yaml). Many hours on
+# 2 cores: each reuses every finished artifact, and a GRPO run killed midway continues from its last
+# checkpoint (rl.resume=auto), so rerunning a target resumes it.
+RESUME := --set rl.resume=auto
+replicate-dev: install
+	$(R3RAG) run pipelines/replicate-dev.yaml $(RESUME) $(SET)
 replicate: install
-	$(R3RAG) run pipelines/replicate.yaml $(SET)
-
-# Its ablations (masking, process reward, LoRA GRPO) at the main run's 200 GRPO steps, reusing
-# the replication's artifacts: ~55 min more on 2 cores.
+	$(R3RAG) run pipelines/replicate.yaml $(RESUME) $(SET)
 replicate-ablations: install
-	$(R3RAG) run pipelines/replicate-ablations.yaml $(SET)
+	$(R3RAG) run pipelines/replicate-ablations.yaml $(RESUME) $(SET)
 
 # One target per stage, each reading the pipeline's config for that stage.
 world: install

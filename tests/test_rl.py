@@ -313,3 +313,24 @@ def test_resume_skips_a_checkpoint_whose_state_file_was_cut_short(tmp_path):
         (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(state)
     (tmp_path / "checkpoint-8").mkdir()  # killed before the state file
     assert _last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-2")
+
+
+def test_resume_auto_continues_where_a_checkpoint_is_and_starts_afresh_where_none_is(tmp_path):
+    """What a rerun experiment needs: `rl.resume=auto` never fails for want of a checkpoint."""
+    from types import SimpleNamespace
+
+    import pytest
+
+    from r3rag.errors import UserError
+    from r3rag.stages.rl import _prepare_work
+
+    state = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
+    fresh = tmp_path / "fresh"
+    assert _prepare_work(fresh, "auto", state) is None and fresh.is_dir()
+    with pytest.raises(UserError, match="no checkpoint"):
+        _prepare_work(fresh, True, state)
+    killed = tmp_path / "killed"
+    (killed / "checkpoints" / "checkpoint-10").mkdir(parents=True)
+    (killed / "checkpoints" / "checkpoint-10" / "trainer_state.json").write_text('{"global_step": 10}')
+    assert _prepare_work(killed, "auto", state) == str(killed / "checkpoints" / "checkpoint-10")
+    assert (killed / "checkpoints" / "checkpoint-10").is_dir()  # kept, not wiped as a fresh start would

@@ -45,7 +45,7 @@ def _load_pipeline(path: Path | None, _seen: tuple[Path, ...] = ()) -> dict:
 def _extend(path: Path, data: dict, seen: tuple[Path, ...]) -> dict:
     """`extends: other.yaml` (relative to this file): that pipeline with this file's settings on
     top. A stage section's keys replace the same keys of the base's section; `name`, `stages`,
-    `variants` and `table` replace the base's whole."""
+    `variants`, `table`, `seeds`, `compare` and `results` replace the base's whole."""
     base_path = (path.parent / str(data.pop("extends"))).resolve()
     seen = (*seen, path.resolve())  # the files of this chain so far
     if base_path in seen:

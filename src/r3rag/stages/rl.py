@@ -49,6 +49,7 @@ import shutil
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Literal
 
 from r3rag.artifacts import ArtifactRef, load_manifest
 from r3rag.config import unhashed
@@ -92,7 +93,9 @@ class Config(GRPOSettings, QuestionSource):  # r3rag.grpo_settings; world, quest
     lora_settings: LoraSettings = field(default_factory=LoraSettings)  # lora=true: the adapters' shape
     eval_questions: str = ""  # dev questions for eval_every: a question JSONL file; "" = the world's dev.jsonl
     # observe and resume (resume and threads: how to run, not what is trained)
-    resume: bool = unhashed(False)
+    # true: continue from the last checkpoint (an error without one); auto: continue where there is one,
+    # else start afresh (a long experiment rerun after a kill: `r3rag run ... --set rl.resume=auto`)
+    resume: bool | Literal["auto"] = unhashed(False)
     rollout_samples: int = 4  # trajectories saved per step and process to rollouts.jsonl
     threads: int = unhashed(0)  # CPU threads for torch (0 = torch's default)
 
@@ -153,12 +156,14 @@ def run(cfg: Config, ctx: Context):
     return ctx.done(writer)
 
 
-def _prepare_work(work: Path, resume: bool, state) -> str | None:
+def _prepare_work(work: Path, resume: bool | str, state) -> str | None:
     """The run's working directory (checkpoints, logs), kept across kills for --resume."""
     from r3rag.observe import truncate_after
 
     ckpts = work / "checkpoints"
     last = _last_complete_checkpoint(ckpts)
+    if resume == "auto":
+        resume = last is not None
     if resume and last is None:
         raise UserError(
             f"rl --resume: no checkpoint in {ckpts} (nothing to resume; run without --resume, "
