@@ -66,7 +66,7 @@ BROKEN = traj(["<search> Ava Smith </search>", "<search> unclosed"], [[DOC_P1]],
 
 
 def scores(weights, settings=None, trajs=(GOOD, WRONG, REPEAT, BROKEN)):
-    return RewardScorer(weights, settings or RewardSettings(), P).score(list(trajs), [EX] * len(trajs))
+    return RewardScorer(weights, settings or RewardSettings(relevance="gold"), P).score(list(trajs), [EX] * len(trajs))
 
 
 def test_outcome_and_format_components_on_hand_made_trajectories():
@@ -132,15 +132,15 @@ def test_embedding_relevance_prefers_the_document_about_the_question():
 
 def test_unknown_component_and_bad_settings_are_user_errors():
     with pytest.raises(UserError, match="unknown reward 'emm'"):
-        RewardScorer({"emm": 1.0}, RewardSettings(), P)
+        RewardScorer({"emm": 1.0}, RewardSettings(relevance="gold"), P)
     with pytest.raises(UserError, match="relevance"):
         RewardScorer({"r3rag": 1.0}, RewardSettings(relevance="bm25"), P)
     with pytest.raises(UserError, match="set endpoint and model"):
-        RewardScorer({"judge": 1.0}, RewardSettings(), P).score([WRONG], [EX])
+        RewardScorer({"judge": 1.0}, RewardSettings(relevance="gold"), P).score([WRONG], [EX])
 
 
 def test_trl_reward_funcs_log_every_component_and_weight_the_named_ones():
-    scorer = RewardScorer({"em": 1.0, "search_r1_format": 0.5}, RewardSettings(), P)
+    scorer = RewardScorer({"em": 1.0, "search_r1_format": 0.5}, RewardSettings(relevance="gold"), P)
     funcs, weights = trl_reward_funcs(scorer)
     assert [f.__name__ for f in funcs] == ["em", "f1", "cover", "format", "search_r1_format"]
     assert weights == [1.0, 0.0, 0.0, 0.0, 0.5]
@@ -200,3 +200,8 @@ def test_judge_down_after_retries_stops_with_a_clear_error():
         with pytest.raises(JudgeError, match="no 'Relevance: x.xx'"):
             RewardScorer({"relevance": 1.0}, RewardSettings(relevance="judge", judge=spec), P).score([GOOD], [EX])
     assert parse_relevance("so Relevance: 1.4") == 1.0 and parse_relevance("Relevance: .25") == 0.25
+
+
+def test_the_default_relevance_reads_no_gold_documents():
+    """Embedding relevance is the default: a process reward that works on any corpus; gold is an oracle."""
+    assert RewardSettings().relevance == "embedding"

@@ -55,7 +55,7 @@ def test_a_rollout_cut_by_a_length_limit_is_scored_like_an_invalid_one():
     assert [t.finish_reason for t in (cut_turn, over_budget, invalid)] == ["length", "length", "invalid"]
     assert cut_turn.turns[-1].ids and len(cut_turn.turns[-1].ids) == 8  # it really ran out of tokens
     weights = {"em": 1.0, "format": 0.1, "search_r1_format": 0.0, "r3rag": 0.0}
-    rows = RewardScorer(weights, RewardSettings(), P).score([cut_turn, over_budget, invalid], [Q] * 3)
+    rows = RewardScorer(weights, RewardSettings(relevance="gold"), P).score([cut_turn, over_budget, invalid], [Q] * 3)
     for row in rows:
         assert row["format"] == 0.0 and row["search_r1_format"] == 0.0 and row["em"] == 0.0
         assert row["r3rag"] == pytest.approx((1.0 - 0.9) / 2)  # the gold search, then the format error
@@ -79,7 +79,7 @@ def test_rollouts_run_in_eval_mode_and_training_keeps_lora_dropout(tmp_path):
     for name, p in model.named_parameters():  # LoRA B starts at 0: give the adapters an effect to drop
         if "lora_B" in name:
             torch.nn.init.normal_(p, std=0.5)
-    scorer = RewardScorer({"em": 1.0}, RewardSettings(), P)
+    scorer = RewardScorer({"em": 1.0}, RewardSettings(relevance="gold"), P)
     cfg = Config(steps=1, prompts_per_step=1, num_generations=2, bf16=False, save_steps=0, vllm="")
     trainer = build_trainer(model, tok, [Q], None, P, scorer, cfg, tmp_path)
     model.train()

@@ -68,7 +68,7 @@ def test_clip_higher_kl_and_loss_normalisation_reach_trls_config(tmp_path):
     tok = _tokenizer()
     tiny_model(tok, layers=1, hidden=32, heads=2, intermediate=64).save_pretrained(tmp_path / "m")
     cfg = _config(epsilon=0.2, epsilon_high=0.28, beta=0.001, loss_type="dr_grpo", scale_rewards="none")
-    scorer = RewardScorer({"em": 1.0}, RewardSettings(), P)
+    scorer = RewardScorer({"em": 1.0}, RewardSettings(relevance="gold"), P)
     # beta > 0: TRL loads a reference model from the policy's path (as the stage's policies have)
     trainer = build_trainer(load_model(tmp_path / "m"), tok, [Q], None, P, scorer, cfg, tmp_path)
     assert (trainer.args.epsilon, trainer.args.epsilon_high) == (0.2, 0.28)
@@ -124,7 +124,7 @@ def test_the_new_settings_are_in_the_artifact_hash_and_checked(tmp_path):
         with pytest.raises(UserError, match=needle):
             validate(cfg)
     with pytest.raises(UserError, match="positive weight"):
-        RewardScorer({"em": 1.0}, RewardSettings(), P, step_credit=True)
+        RewardScorer({"em": 1.0}, RewardSettings(relevance="gold"), P, step_credit=True)
 
 
 # ---- 2. DAPO dynamic sampling ----------------------------------------------------------------
@@ -201,7 +201,7 @@ def test_the_rollout_func_refills_flat_groups_with_fresh_questions_and_their_pro
         return f"<answer> {answers[t.question] if len(calls) % 2 else 'Dunmore'} </answer>"
 
     monkeypatch.setattr(grpo, "generator", lambda *a: contextlib.nullcontext(ScriptedGenerator(script, tok)))
-    scorer = RewardScorer({"em": 1.0}, RewardSettings(), P)
+    scorer = RewardScorer({"em": 1.0}, RewardSettings(relevance="gold"), P)
     cfg = _config(prompts_per_step=2, dynamic_sampling=True, dynamic_sampling_rounds=3)
     rollout = grpo.make_rollout_func(questions, None, P, tok, scorer, cfg)
     prompts = [P.context_prompt(questions[i]["question"], tok) for i in (0, 0, 1, 1)]
@@ -227,13 +227,13 @@ def test_the_rollout_func_refills_flat_groups_with_fresh_questions_and_their_pro
 def test_process_steps_belong_to_the_turn_that_searched():
     tok = _tokenizer()
     right, lost = _rollout(tok, RIGHT), _rollout(tok, LOST)
-    scorer = RewardScorer({"em": 1.0, "relevance": 0.5}, RewardSettings(), P, step_credit=True)
+    scorer = RewardScorer({"em": 1.0, "relevance": 0.5}, RewardSettings(relevance="gold"), P, step_credit=True)
     rows, steps = scorer.score_steps([right, lost], [Q, Q])
     assert [t.role for t in right.turns] == ["model", "env", "model", "env", "model"]
     assert steps[0] == [[0, 0.5], [2, 0.5]]  # both searches found a new gold document
     assert steps[1] == [[0, 0.5], [2, 0.0]]  # the second found the same one again (the third got no documents)
     assert rows[0]["relevance"] == 1.0 and scorer.trl_weights()["relevance"] == 0.0  # logged, not folded in
-    r3 = RewardScorer({"r3rag": 1.0, "em": 0.0}, RewardSettings(), P, step_credit=True)
+    r3 = RewardScorer({"r3rag": 1.0, "em": 0.0}, RewardSettings(relevance="gold"), P, step_credit=True)
     rows, steps = r3.score_steps([right], [Q])
     assert steps[0] == [[0, 1.6], [2, 1.6]] and rows[0]["r3rag_outcome"] == 2.0  # R3-RAG's right-answer steps
     assert r3.trl_weights() == {"em": 0.0, "f1": 0.0, "cover": 0.0, "format": 0.0, "r3rag": 0.0, "r3rag_outcome": 1.0}
@@ -282,7 +282,7 @@ def test_step_credit_through_trl_gives_each_search_its_relevance_and_masks_the_d
     assert hasattr(GRPOTrainer, "_generate_and_score_completions")  # the internal R3ragGRPOTrainer extends
     tok = _tokenizer()
     trajs = [_rollout(tok, RIGHT), _rollout(tok, LOST)]
-    scorer = RewardScorer({"em": 1.0, "relevance": 1.0}, RewardSettings(), P, step_credit=True)
+    scorer = RewardScorer({"em": 1.0, "relevance": 1.0}, RewardSettings(relevance="gold"), P, step_credit=True)
     cfg = _config(process_credit="step", lr=1e-3)
     model = tiny_model(tok, layers=1, hidden=32, heads=2, intermediate=64)
     trainer = build_trainer(model, tok, [Q], None, P, scorer, cfg, tmp_path)
