@@ -31,22 +31,20 @@ from __future__ import annotations
 
 import argparse
 import json
-import socket
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
 import httpx
+from server_load import free_port, run_clients, wait_until_up  # beside this script
 
 from r3rag.data.corpus import load_corpus
 from r3rag.data.shared import shared_data
 from r3rag.jsonl import read_jsonl
 from r3rag.retrieval.bm25 import BM25Retriever  # first: it blocks JAX before bm25s is imported
 from r3rag.retrieval.rank_bm25_backend import RankBM25Retriever
-from r3rag.retrieval.remote import RemoteRetriever
 
 POOLS = (
     "hotpotqa_dev_context_pool",
@@ -111,55 +109,13 @@ def bm25_speedup(label: str, docs: list[dict], questions: list[str], slow_querie
     return fast_qps / slow_qps, fast
 
 
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def start_server(index_dir: Path) -> tuple[subprocess.Popen, str]:
     port = free_port()
     code = f"from r3rag.retrieval.serving import serve; serve({str(index_dir)!r}, port={port})"
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
-    probe = RemoteRetriever(url, timeout=2, retries=0)
-    for _ in range(600):
-        try:
-            probe.search(["warm up"], K)
-            return proc, url
-        except Exception:  # noqa: BLE001 - not up yet
-            if proc.poll() is not None:
-                raise SystemExit("the retrieval server exited at start") from None
-            time.sleep(0.05)
-    proc.kill()
-    raise SystemExit("the retrieval server did not start in 30 s")
-
-
-def through_server(url: str, batches: list[list[str]], clients: int) -> tuple[float, list[float]]:
-    """Wall seconds for all batches from `clients` threads, and each request's latency (s)."""
-    latencies: list[float] = []
-    lock, barrier = threading.Lock(), threading.Barrier(clients + 1)
-
-    def client(c: int) -> None:
-        remote = RemoteRetriever(url, max_batch=64)
-        remote.search(batches[0][:1], K)  # connect before the clock starts
-        mine = []
-        barrier.wait()
-        for b in batches[c::clients]:
-            t = time.perf_counter()
-            remote.search(b, K)
-            mine.append(time.perf_counter() - t)
-        with lock:
-            latencies.extend(mine)
-
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    return time.perf_counter() - t0, latencies
+    wait_until_up(url, proc, timeout=30)
+    return proc, url
 
 
 def process_cpu(pid: int) -> float:
@@ -191,9 +147,9 @@ def server_overhead(retriever: BM25Retriever, questions: list[str], n_batches: i
         proc, url = start_server(Path(tmp) / "index")
         try:
             cpu0 = process_cpu(proc.pid)
-            t_8, lat_8 = through_server(url, batches, 8)
+            t_8, lat_8 = run_clients(url, batches, 8, K)
             cpu_8 = process_cpu(proc.pid) - cpu0
-            t_1, lat_1 = through_server(url, batches, 1)
+            t_1, lat_1 = run_clients(url, batches, 1, K)
             health = httpx.get(f"{url}/health").json()
         finally:
             proc.terminate()

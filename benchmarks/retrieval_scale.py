@@ -49,7 +49,6 @@ import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
 from pathlib import Path
 
@@ -126,13 +125,20 @@ def load_queries(root: Path, n: int) -> list[str]:
 
 def peak_rss() -> dict:
     """This process's peak RSS (ru_maxrss, KB on Linux) and its current private (anonymous) part."""
-    out = {"rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB}
+    anon = rss_anon("self")
+    return {
+        "rss_gb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 / GB,
+        "anon_gb": None if anon is None else anon / GB,
+    }
+
+
+def rss_anon(pid: int | str) -> int | None:
+    """Bytes of a process's resident anonymous memory (/proc/PID/status RssAnon); None where unreadable."""
     try:
-        status = Path("/proc/self/status").read_text()
-        out["anon_gb"] = int(next(x for x in status.splitlines() if x.startswith("RssAnon:")).split()[1]) * 1024 / GB
-    except (OSError, StopIteration):
-        out["anon_gb"] = None
-    return out
+        status = Path(f"/proc/{pid}/status").read_text()
+    except OSError:
+        return None
+    return next((int(x.split()[1]) * 1024 for x in status.splitlines() if x.startswith("RssAnon:")), None)
 
 
 def phase_import(work: Path, args) -> dict:
@@ -254,19 +260,21 @@ def section_dense(work: Path, args, state: dict) -> dict:
 def serve_and_load(work: Path, batches: list[list[str]], workers: int, clients: int) -> dict:
     """A server with `workers` processes; `clients` threads send all batches; queries/s and memory."""
     import psutil
+    from server_load import free_port, run_clients, wait_until_up  # beside this script
 
     port = free_port()
     code = f"from r3rag.retrieval.serving import serve; serve({str(work / 'index')!r}, port={port}, workers={workers})"
     proc = subprocess.Popen([sys.executable, "-c", code], stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     try:
-        wait_until_up(url, proc)
-        wall = load(url, batches, clients)
+        wait_until_up(url, proc, timeout=1800)
+        # A long timeout: at millions of passages a batch of 64 takes seconds, and 8 clients queue behind one worker.
+        wall, _ = run_clients(url, batches, clients, K, timeout=600, max_batch=BATCH)
         procs = [psutil.Process(proc.pid)]
         if workers > 1:  # the workers, not multiprocessing's resource tracker
             procs = [c for c in procs[0].children() if "resource_tracker" not in " ".join(c.cmdline())]
         mems = [p.memory_full_info() for p in procs]
-        anon = [_rss_anon(p.pid) for p in procs]
+        anon = [rss_anon(p.pid) or 0 for p in procs]
     finally:
         proc.terminate()
         try:
@@ -284,61 +292,6 @@ def serve_and_load(work: Path, batches: list[list[str]], workers: int, clients: 
     }
     print(f"  server, {workers} worker(s), {clients} clients: {json.dumps({k: round(v, 3) for k, v in out.items()})}")
     return out
-
-
-def _rss_anon(pid: int) -> int:
-    """Bytes of a process's resident anonymous memory (/proc/PID/status RssAnon)."""
-    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-        if line.startswith("RssAnon:"):
-            return int(line.split()[1]) * 1024
-    return 0
-
-
-def free_port() -> int:
-    import socket
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-def wait_until_up(url: str, proc, timeout: float = 1800) -> None:
-    from r3rag.retrieval.remote import RemoteRetriever
-
-    probe = RemoteRetriever(url, timeout=5, retries=0)
-    deadline = time.monotonic() + timeout
-    while True:
-        try:
-            probe.search(["warm up"], K)
-            return
-        except Exception:  # noqa: BLE001 - not up yet
-            if proc.poll() is not None or time.monotonic() > deadline:
-                raise SystemExit("the retrieval server did not start") from None
-            time.sleep(0.1)
-
-
-def load(url: str, batches: list[list[str]], clients: int) -> float:
-    """Wall seconds for `clients` threads (one kept-alive connection each) to send all batches."""
-    from r3rag.retrieval.remote import RemoteRetriever
-
-    barrier = threading.Barrier(clients + 1)
-
-    def client(c: int) -> None:
-        # A long timeout: at millions of passages a batch of 64 takes seconds, and 8 clients queue behind one worker.
-        remote = RemoteRetriever(url, timeout=600, max_batch=BATCH)
-        remote.search(batches[0][:1], K)  # connect before the clock starts
-        barrier.wait()
-        for b in batches[c::clients]:
-            remote.search(b, K)
-
-    threads = [threading.Thread(target=client, args=(c,)) for c in range(clients)]
-    for t in threads:
-        t.start()
-    barrier.wait()
-    t0 = time.perf_counter()
-    for t in threads:
-        t.join()
-    return time.perf_counter() - t0
 
 
 # ------------------------------------------------------------------ main
