@@ -38,16 +38,11 @@ def docs_of(texts: list[str]) -> list[dict]:
 
 # --- chunked, resumable encoding --------------------------------------------------------------------
 
-KILLED_CHILD = r"""
-import os, signal, sys
-import torch
-from pathlib import Path
+# Run in a child process: the encoder writes two shards, then the process is SIGKILLed (as a kill -9 would).
+DIE_AFTER_TWO_SHARDS = r"""
+import os, signal
 from r3rag.retrieval import encode
-from r3rag.retrieval.dense import Encoder
-from tests.test_dense_scale import passages
 
-out, threads = Path(sys.argv[1]), int(sys.argv[2])
-torch.set_num_threads(threads)
 written, real_write = [], encode._write_shard
 
 def write_then_die(path, vecs):
@@ -57,9 +52,23 @@ def write_then_die(path, vecs):
         os.kill(os.getpid(), signal.SIGKILL)
 
 encode._write_shard = write_then_die
+"""
+
+KILLED_CHILD = (
+    DIE_AFTER_TWO_SHARDS
+    + r"""
+import sys
+import torch
+from pathlib import Path
+from r3rag.retrieval.dense import Encoder
+from tests.test_dense_scale import passages
+
+out, threads = Path(sys.argv[1]), int(sys.argv[2])
+torch.set_num_threads(threads)
 encode.encode_corpus(passages(50), out, Encoder(""), "fp", chunk_size=10, batch_size=4)
 print("not killed")
 """
+)
 
 
 class Counting:
@@ -276,25 +285,18 @@ def test_an_index_and_corpus_of_different_lengths_is_one_line(saved_index):
         load_retriever(saved_index)
 
 
-KILLED_STAGE = r"""
-import os, signal, sys
-from r3rag.retrieval import encode
+KILLED_STAGE = (
+    DIE_AFTER_TWO_SHARDS
+    + r"""
+import sys
 from r3rag.pipeline import run_stage
 
 runs, corpus = sys.argv[1], sys.argv[2]
-written, real_write = [], encode._write_shard
-
-def write_then_die(path, vecs):
-    real_write(path, vecs)
-    written.append(path)
-    if len(written) == 2:
-        os.kill(os.getpid(), signal.SIGKILL)
-
-encode._write_shard = write_then_die
 run_stage("index", None, ["backend=dense", "index_type=ivf-pq", "refine_k=4", "chunk_size=40", "world=",
                           f"corpus={corpus}"], runs)
 print("not killed")
 """
+)
 
 
 def test_a_killed_dense_build_publishes_nothing_and_resumes(tmp_path):
