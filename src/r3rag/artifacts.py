@@ -32,6 +32,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from r3rag import __version__
+from r3rag.durable import fsync_path
 from r3rag.errors import UserError
 
 SCHEMA_VERSION = 1
@@ -289,7 +290,7 @@ class ArtifactWriter:
         if self.final.exists():  # an incomplete leftover with the same id
             shutil.rmtree(self.final)
         os.replace(self.dir, self.final)
-        _fsync(self.final.parent)
+        fsync_path(self.final.parent)
         self.ref = ArtifactRef(self.stage, self.id, self.final, manifest)
         return self.ref
 
@@ -307,16 +308,8 @@ def _alive(pid: int) -> bool:
 def _fsync_tree(root: Path) -> None:
     for p in root.rglob("*"):
         if p.is_file():
-            _fsync(p)
-    _fsync(root)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+            fsync_path(p)
+    fsync_path(root)
 
 
 def library_versions() -> dict:

@@ -27,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from r3rag.durable import fsync_path
 from r3rag.errors import UserError
 
 META = "meta.json"
@@ -82,7 +83,7 @@ class Shards:
             out[i * self.chunk_size : (i + 1) * self.chunk_size] = self.chunk(i)
         out.flush()
         del out
-        _fsync(part)
+        fsync_path(part)
         os.replace(part, path)
 
 
@@ -152,11 +153,3 @@ def _write_shard(path: Path, vecs: np.ndarray) -> None:
         f.flush()
         os.fsync(f.fileno())
     os.replace(part, path)
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

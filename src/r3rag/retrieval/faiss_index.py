@@ -36,6 +36,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from r3rag.durable import fsync_path
 from r3rag.errors import UserError
 from r3rag.extras import require
 
@@ -171,11 +172,7 @@ def write(index: faiss.Index, path: Path) -> None:
     faiss = faiss_module()
     part = Path(path).with_name(Path(path).name + ".part")
     faiss.write_index(index, str(part))
-    fd = os.open(part, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    fsync_path(part)
     os.replace(part, path)
 
 
