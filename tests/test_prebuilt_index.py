@@ -17,16 +17,12 @@ from r3rag.pipeline import run_stage
 from r3rag.retrieval import load_retriever
 from r3rag.retrieval.dense import resolve_encoder
 from r3rag.retrieval.prebuilt import open_prebuilt
+from tests.test_retrieval import TOPICS
 
 faiss = pytest.importorskip("faiss")
 
 PASSAGES = [
-    ("Volcano", "A volcano is a rupture in the crust of a planet through which molten lava and ash escape."),
-    ("Violin", "The violin is a wooden string instrument played with a bow."),
-    ("Photosynthesis", "Plants turn sunlight, water and carbon dioxide into sugar and oxygen in their leaves."),
-    ("Bitcoin", "Bitcoin is a decentralised digital currency that works without a central bank."),
-    ("Marathon", "The marathon is a long-distance running race of 42.195 kilometres."),
-    ("Penicillin", "Penicillin is an antibiotic discovered by Alexander Fleming in 1928."),
+    *TOPICS,  # tests/test_retrieval.py's six, and more
     ("Glacier", "A glacier is a persistent body of dense ice that moves slowly under its own weight."),
     ("Chess", "Chess is a board game for two players, each commanding sixteen pieces."),
 ] + [
