@@ -147,7 +147,7 @@ def test_train_minutes_follow_a_model_another_variant_trained(tmp_path):
     """`rl.model=${lora.base}/model`: the RL row's training time includes the base LM it started from."""
     from types import SimpleNamespace
 
-    from r3rag.results_table import _train_seconds
+    from r3rag.results_table import train_seconds
 
     base = tmp_path / "runs" / "base" / "b-1"
     (base / "model").mkdir(parents=True)
@@ -155,11 +155,11 @@ def test_train_minutes_follow_a_model_another_variant_trained(tmp_path):
         json.dumps({"stage": "base", "id": "b-1", "content_hash": "x", "seconds": 120.0})
     )
     rl = SimpleNamespace(manifest={"id": "r-1", "seconds": 30.0, "config": {"model": str(base / "model")}})
-    assert _train_seconds("rl", {"rl": rl}) == 150.0
+    assert train_seconds("rl", {"rl": rl}) == 150.0
     rl.manifest["config"]["model"] = "Qwen/Qwen2.5-3B"  # a hub id: nothing to add
-    assert _train_seconds("rl", {"rl": rl}) == 30.0
+    assert train_seconds("rl", {"rl": rl}) == 30.0
     assert (
-        _train_seconds(
+        train_seconds(
             "rl", {"rl": rl, "base": SimpleNamespace(manifest=json.loads((base / "manifest.json").read_text()))}
         )
         == 150.0

@@ -57,14 +57,12 @@ def build_comparisons(pairs: list[tuple[str, str]], table: dict, built: dict) ->
 
 def _per_question(source, built: dict) -> list[dict[str, float]]:
     """Per seed (source): {question id: EM} of that `<variant>/<system>`'s eval."""
-    from r3rag.eval_tables import em_by_question
-    from r3rag.jsonl import read_jsonl
+    from r3rag.results_table import question_em
 
     out = []
     for one in source if isinstance(source, list) else [source]:
         variant, _, system = str(one).partition("/")
-        rows = read_jsonl(built[variant]["eval"].path / "predictions.jsonl")
-        out.append(em_by_question(rows)[system])
+        out.append(question_em(built[variant]["eval"].path, system))
     return out
 
 

@@ -122,7 +122,7 @@ def _runs(row: dict, built: dict, sets: dict[str, list[str]]) -> list[dict]:
 
 def _run(variant: str, system: str, built: dict, sets: dict[str, list[str]]) -> dict:
     """One `<variant>/<system>`: its eval's figures for the system and how its policy was made."""
-    from r3rag.results_table import _train_seconds
+    from r3rag.results_table import train_seconds
 
     refs = built[variant]
     ev = refs["eval"]
@@ -140,7 +140,7 @@ def _run(variant: str, system: str, built: dict, sets: dict[str, list[str]]) -> 
         "n": m["n"],
         **_dev_em(variant, system, built),
         "steps": {s: refs[s].manifest["metrics"]["steps"] for s in trained if "steps" in refs[s].manifest["metrics"]},
-        "train_seconds": _train_seconds(system, refs),
+        "train_seconds": train_seconds(system, refs),
         "eval_seconds": m.get("seconds"),
         "set": sets.get(variant, []),
         "settings": {f"{s}.{k}": v for s, ref in refs.items() for k, v in _non_default(ref).items()},

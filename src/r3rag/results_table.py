@@ -33,7 +33,7 @@ def build_rows(spec: dict[str, str | list[str]], built: dict[str, dict], path: P
         found = [_lookup(str(label), s, built, cache, path) for s in sources]
         if len(found) == 1:
             m, refs, system, _ = found[0]
-            rows.append(_row(str(label), sources[0], m, _train_seconds(system, refs)))
+            rows.append(_row(str(label), sources[0], m, train_seconds(system, refs)))
         else:
             rows.append(_seed_row(str(label), sources, found))
     return rows
@@ -56,7 +56,7 @@ def _lookup(label: str, source: str, built: dict[str, dict], cache: dict, path: 
 def _seed_row(label: str, sources: list[str], found: list[tuple]) -> dict:
     """A row over seeds: EM mean ± sd over seeds and its interval over questions (from each
     seed's per-question EM in predictions.jsonl); the other columns averaged over seeds."""
-    per_q = [em_by_question(read_jsonl(d / "predictions.jsonl"))[system] for _, _, system, d in found]
+    per_q = [question_em(d, system) for _, _, system, d in found]
     em = over_seeds(per_q)
     ms = [m for m, *_ in found]
     mean = lambda xs: None if any(x is None for x in xs) else round(sum(xs) / len(xs), 4)  # noqa: E731
@@ -75,12 +75,17 @@ def _seed_row(label: str, sources: list[str], found: list[tuple]) -> dict:
         "by_hops": {
             h: v for h in hops if (v := mean([m.get("by_hops", {}).get(h, {}).get("em") for m in ms])) is not None
         },
-        "train_seconds": mean([_train_seconds(system, refs) for _, refs, system, _ in found]),
+        "train_seconds": mean([train_seconds(system, refs) for _, refs, system, _ in found]),
         "eval_seconds": mean([m.get("seconds") for m in ms]),
     }
 
 
-def _train_seconds(system: str, refs: dict) -> float:
+def question_em(eval_dir: Path, system: str) -> dict[str, float]:
+    """{question id: EM} of one system in an eval artifact (its predictions.jsonl)."""
+    return em_by_question(read_jsonl(eval_dir / "predictions.jsonl"))[system]
+
+
+def train_seconds(system: str, refs: dict) -> float:
     """The policy's own training: base + sft (+ rl for the RL policy), as recorded when built,
     plus a model another variant trained that a stage starts from through a path
     (`rl.model=${lora.base}/model`)."""
