@@ -265,17 +265,11 @@ def _judge_client(cfg: Config, teacher):
 
 
 def _client(cfg: Config, base_url: str, model: str, api_key_env: str):
-    from r3rag.llm.openai_client import ChatClient
+    from r3rag.endpoint import EndpointSettings  # the one place a client is built for endpoint settings
 
-    return ChatClient(
-        base_url,
-        model,
-        api_key_env=api_key_env,
-        timeout=cfg.timeout,
-        max_retries=cfg.max_retries,
-        concurrency=cfg.concurrency,
-        seed=cfg.seed,
-    )
+    endpoint = EndpointSettings(endpoint=base_url, model=model, api_key_env=api_key_env)
+    options = {"timeout": cfg.timeout, "max_retries": cfg.max_retries, "concurrency": cfg.concurrency}
+    return endpoint.client("synthesize", "for the teacher or judge", seed=cfg.seed, **options)
 
 
 def _extra_worlds(cfg: Config, inputs):
