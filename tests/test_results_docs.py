@@ -247,6 +247,6 @@ def test_replicate_pipelines_name_their_own_results_files():
         name: results_spec(ROOT / "pipelines" / f"{name}.yaml", load_pipeline(ROOT / "pipelines" / f"{name}.yaml"))[
             "path"
         ]
-        for name in ("replicate", "replicate-ablations", "replicate-dev")
+        for name in ("replicate", "replicate-ablations", "replicate-dev", "replicate-extras")
     }
-    assert len(set(paths.values())) == 3 and paths["replicate"] == Path("results/replicate.json")
+    assert len(set(paths.values())) == 4 and paths["replicate"] == Path("results/replicate.json")
