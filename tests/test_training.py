@@ -184,3 +184,45 @@ def test_fast_sft_loss_equals_trl_loss_on_a_batch(tmp_path):
         with torch.no_grad():
             losses[name] = trainer.compute_loss(model, {k: v.clone() for k, v in batch.items()}).item()
     assert losses["fast"] > 0 and abs(losses["fast"] - losses["trl"]) < 1e-5 * losses["trl"], losses
+
+
+def test_grpo_logps_without_padding_equal_trls_on_the_padded_batch(tmp_path, monkeypatch):
+    """ResumableGRPOTrainer scores rows sorted by length, in groups with their all-padding
+    columns trimmed: the log-probs, entropies and gradients are TRL's on the whole padded
+    batch (prompts left-padded, completions right-padded, as TRL pads them), row by row."""
+    from datasets import Dataset
+    from trl import GRPOConfig, GRPOTrainer
+
+    import r3rag.trainers as trainers
+
+    tok, traj = _setup()
+    ids, _ = tokenize_trajectory(traj.to_json(), tok)
+    model = tiny_model(tok, layers=2, hidden=32, heads=2, intermediate=64, seed=3)
+    args = GRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], temperature=0.7,
+        per_device_train_batch_size=2, num_generations=2,
+    )  # fmt: skip
+    data = Dataset.from_dict({"prompt": ["Where is it ?"] * 2})
+    trainer = trainers.ResumableGRPOTrainer(
+        model=model, args=args, processing_class=tok, train_dataset=data, reward_funcs=lambda completions, **_: [0.0]
+    )
+    k, pad, n = 30, tok.pad_token_id, len(ids) - 30
+    shapes = [(n, k), (n - 6, 8), (n - 2, 20), (n, 3), (n - 9, k), (n - 4, 12)]  # (prompt, completion) lengths
+    rows = [[pad] * (n - p) + ids[n - p : n] + ids[n : n + c] + [pad] * (k - c) for p, c in shapes]
+    input_ids = torch.tensor(rows)
+    mask = torch.tensor([[0] * (n - p) + [1] * (p + c) + [0] * (k - c) for p, c in shapes])
+    results = {}
+    for name in ("ours", "trl"):
+        model.zero_grad()
+        if name == "ours":
+            monkeypatch.setattr(trainers, "LOGPS_ROWS", 2)  # three groups of two rows
+            call = trainer._get_per_token_logps_and_entropies
+        else:
+            call = lambda *a, **kw: GRPOTrainer._get_per_token_logps_and_entropies(trainer, *a, **kw)  # noqa: E731
+        logps, entropy, _ = call(trainer.model, input_ids, mask, k, batch_size=4, compute_entropy=True)
+        (logps * mask[:, -k:]).sum().backward()
+        grads = [p.grad.clone() for p in trainer.model.parameters()]
+        results[name] = (logps.detach(), entropy.detach(), *grads)
+    for ours, theirs in zip(results["ours"], results["trl"], strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
+    assert results["ours"][0][1, 8:].eq(0).all() and results["ours"][0][0].lt(0).all()  # padding scores 0

@@ -7,7 +7,15 @@ with one plain cross-entropy, and logs token accuracy from the logits it already
 Large vocabularies keep TRL's chunked head, which avoids materialising the logits.
 tests/test_training.py checks that its loss equals TRL's SFTTrainer loss on a padded batch.
 
-`ResumableGRPOTrainer`: TRL's GRPOTrainer whose prompt order survives a resume. TRL's
+`ResumableGRPOTrainer`: TRL's GRPOTrainer whose prompt order survives a resume, and which
+scores log-probs without padding waste. TRL pads a whole generation batch to its longest
+prompt (left) and completion (right) and runs every micro-batch at that width; multi-turn
+completions vary a lot (the replication's: ~120 tokens on average, ~200 at most), so on a CPU
+~40% of a step's forward and backward went to padding. `_get_per_token_logps_and_entropies`
+sorts the rows by length, cuts them into groups of `LOGPS_ROWS`, trims each group's all-padding
+columns and calls TRL's own method on it; the values (padding scores 0, as TRL's) and
+gradients are TRL's up to float rounding (RoPE attention depends on relative positions only;
+tests/test_training.py compares them). TRL's
 `RepeatSampler` draws each epoch's order from one generator, advanced once per epoch; a run
 resumed in epoch e builds a fresh sampler, which would deal epoch 0's order again (the Trainer
 restores the global RNG states, not a sampler's own generator). `EpochReplaySampler` draws
@@ -35,6 +43,8 @@ from torch.utils.data import Sampler
 from trl import GRPOTrainer, SFTTrainer
 
 SMALL_VOCAB = 32_768
+LOGPS_ROWS = 32  # rows per forward pass once sorted by length (benchmarks/grpo_padding.py)
+PLAIN_KWARGS = {"batch_size", "compute_entropy", "compute_aux_loss"}
 
 
 class FastSFTTrainer(SFTTrainer):
@@ -84,6 +94,21 @@ class EpochReplaySampler(Sampler):
 class ResumableGRPOTrainer(GRPOTrainer):
     def _get_train_sampler(self, dataset=None) -> Sampler:
         return EpochReplaySampler(super()._get_train_sampler(dataset))
+
+    def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
+        score = super()._get_per_token_logps_and_entropies
+        text_only = not args and all(v is None for k, v in kwargs.items() if k not in PLAIN_KWARGS)
+        if not text_only or kwargs.get("compute_aux_loss"):  # images, MoE: TRL's call as it is
+            return score(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+        rows = min(kwargs.pop("batch_size", None) or len(input_ids), LOGPS_ROWS)
+        order = attention_mask.sum(1).argsort(stable=True)
+        parts = [
+            _trimmed(score, model, input_ids[i], attention_mask[i], logits_to_keep, kwargs) for i in order.split(rows)
+        ]
+        back = order.argsort()
+        logps = torch.cat([p[0] for p in parts])[back]
+        entropy = torch.cat([p[1] for p in parts])[back] if parts[0][1] is not None else None
+        return logps, entropy, None
 
 
 class R3ragGRPOTrainer(ResumableGRPOTrainer):
@@ -154,3 +179,16 @@ def _std(values: list[float]) -> float:
     if len(values) < 2:
         return 0.0
     return torch.tensor(values, dtype=torch.float64).std().item()
+
+
+def _trimmed(score, model, ids, mask, keep: int, kwargs: dict):
+    """TRL's log-probs for one group of rows, on the columns where any row has a real token;
+    the trimmed completion columns come back as 0, as TRL scores padding."""
+    width = ids.size(1)
+    real = mask.any(0).nonzero().squeeze(1)
+    first = min(int(real[0]), width - keep)  # never into the completion
+    last = max(int(real[-1]) + 1, width - keep + 1)  # at least one completion column
+    kept = last - (width - keep)
+    logps, entropy, _ = score(model, ids[:, first:last], mask[:, first:last], kept, **kwargs)
+    pad = (0, keep - kept)
+    return F.pad(logps, pad), None if entropy is None else F.pad(entropy, pad)
