@@ -191,7 +191,7 @@ def test_resume_after_a_kill_continues_from_the_last_checkpoint(pipeline_runs):
     runs, _ = pipeline_runs
     proc = subprocess.Popen(_rl_cmd(runs), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     deadline = time.time() + 120
-    while time.time() < deadline and not list((runs / "rl").glob(".work-*/checkpoints/checkpoint-4")):
+    while time.time() < deadline and not list((runs / "rl").glob(".work-*/checkpoints/checkpoint-4/r3rag_train_*")):
         time.sleep(0.05)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
@@ -199,11 +199,16 @@ def test_resume_after_a_kill_continues_from_the_last_checkpoint(pipeline_runs):
     complete = [p for p in (work / "checkpoints").glob("checkpoint-*") if (p / "trainer_state.json").exists()]
     last = max(int(p.name.split("-")[1]) for p in complete)  # a kill during a save leaves one incomplete
     assert 2 <= last < 12
+    record = work / "checkpoints" / f"checkpoint-{last}" / "r3rag_train_seconds.json"
+    before = json.loads(record.read_text())["train_seconds"] if record.exists() else None  # killed before it?
     out = subprocess.run(_rl_cmd(runs, "--resume"), capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]
     art = Path(out.stdout.strip().splitlines()[-1])
     manifest = json.loads((art / "manifest.json").read_text())
     assert manifest["metrics"]["resumed_from_step"] == last
+    m = manifest["metrics"]  # the training time counts the killed leg up to its checkpoint too
+    assert 0 < m["train_seconds_before_resume"] < m["train_seconds"] <= manifest["seconds"] + 0.05
+    assert m["train_seconds_before_resume"] == before or (before is None and last > 4)  # killed mid-save
     steps = [r["step"] for r in read_jsonl(art / "metrics.jsonl")]
     assert steps == list(range(1, 13))  # the killed run's steps up to the checkpoint, then the rest once
 
@@ -334,3 +339,25 @@ def test_resume_auto_continues_where_a_checkpoint_is_and_starts_afresh_where_non
     (killed / "checkpoints" / "checkpoint-10" / "trainer_state.json").write_text('{"global_step": 10}')
     assert _prepare_work(killed, "auto", state) == str(killed / "checkpoints" / "checkpoint-10")
     assert (killed / "checkpoints" / "checkpoint-10").is_dir()  # kept, not wiped as a fresh start would
+
+
+def test_training_seconds_before_a_resume_come_from_the_checkpoint_or_the_logged_step_times(tmp_path):
+    """TrainClock records the seconds trained at each checkpoint; a resumed run starts from that
+    record, or, for a checkpoint without one, from the step times logged up to its step."""
+    from types import SimpleNamespace
+
+    from r3rag.observe import TrainClock, seconds_before
+
+    ckpts, metrics = tmp_path / "checkpoints", tmp_path / "metrics.jsonl"
+    rows = [(2, 1.5), (4, 2.0), (6, 1.0), (8, 9.0)]  # logged every other step; step 8 is after the checkpoint
+    metrics.write_text("".join(json.dumps({"step": s, "reward": 0.0, "time/step": t}) + "\n" for s, t in rows))
+    (ckpts / "checkpoint-6").mkdir(parents=True)
+    assert seconds_before(str(ckpts / "checkpoint-6"), metrics) == 1.5 * 2 + 2.0 * 2 + 1.0 * 2
+    clock = TrainClock(str(ckpts / "checkpoint-6"), metrics)
+    assert clock.before == 9.0 and 9.0 <= clock.seconds() < 10.0
+    clock.before = 100.0  # as if much had been trained before: the next checkpoint records it
+    (ckpts / "checkpoint-10").mkdir()
+    state = SimpleNamespace(is_world_process_zero=True, global_step=10)
+    clock.on_save(SimpleNamespace(output_dir=str(ckpts)), state, None)
+    assert 100.0 <= seconds_before(str(ckpts / "checkpoint-10"), metrics) < 101.0
+    assert TrainClock(None, metrics).before == 0.0

@@ -4,6 +4,11 @@
   everything TRL logs (reward, `rewards/<component>/mean`, KL, entropy, model-token
   lengths...) plus rollout statistics and `time/step` and `time/optimizer` (seconds in
   optimizer.step).
+- `TrainClock` (a TrainerCallback): training seconds that survive a resume. Each checkpoint
+  records the seconds trained up to it; a resumed run starts from its checkpoint's figure, so
+  a run killed and resumed across sessions reports its whole training time, not its last leg.
+  A checkpoint without the record (an older one) falls back to the per-step times logged in
+  metrics.jsonl up to it.
 - `RolloutSampler`: the first N trajectories of each step, per process, as JSONL.
 - `truncate_after(path, step)`: on resume, drop lines logged after the checkpoint.
 - `plot_rewards(metrics.jsonl, png)`: reward and each component against the step.
@@ -60,6 +65,36 @@ class MetricsLog(TrainerCallback):
         }
         with self.path.open("a") as f:
             f.write(json.dumps(row) + "\n")
+
+
+class TrainClock(TrainerCallback):
+    FILE = "r3rag_train_seconds.json"
+
+    def __init__(self, resume_from: str | None, metrics: Path):
+        self.before = seconds_before(resume_from, metrics) if resume_from else 0.0
+        self.t0 = time.time()
+
+    def seconds(self) -> float:
+        return self.before + time.time() - self.t0
+
+    def on_save(self, args, state, control, **kw):
+        if state.is_world_process_zero:  # after the Trainer wrote the checkpoint
+            ckpt = Path(args.output_dir) / f"checkpoint-{state.global_step}"
+            (ckpt / self.FILE).write_text(json.dumps({"train_seconds": round(self.seconds(), 1)}))
+
+
+def seconds_before(checkpoint: str, metrics: Path) -> float:
+    """Seconds trained up to `checkpoint`: its record, else the logged step times up to its step
+    (each logged `time/step` standing for the steps since the previous logged line)."""
+    record = Path(checkpoint) / TrainClock.FILE
+    if record.is_file():
+        return float(json.loads(record.read_text())["train_seconds"])
+    step = int(Path(checkpoint).name.rsplit("-", 1)[1])
+    total, prev = 0.0, 0
+    for row in read_jsonl(metrics, allow_empty=True) if Path(metrics).is_file() else []:
+        if "time/step" in row and prev < row["step"] <= step:
+            total, prev = total + row["time/step"] * (row["step"] - prev), row["step"]
+    return total
 
 
 def show_progress(trainer, label: str, console=None):

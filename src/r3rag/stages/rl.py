@@ -131,21 +131,25 @@ def run(cfg: Config, ctx: Context):
     questions = cfg.read_questions(inputs)
     if state.is_main_process:
         ctx.console.print(f"rl: rollouts with {f'vLLM ({backend})' if backend else 'transformers'}")
-    t0 = time.time()
+    from r3rag.observe import TrainClock
+
+    clock = TrainClock(resume_from, work / "metrics.jsonl")  # seconds survive a resume
     trainer = _trainer(cfg, model, tokenizer, protocol_dict, questions, dev, inputs, work, state.process_index)
+    trainer.add_callback(clock)
     trainer.train(resume_from_checkpoint=resume_from)
     trainer.save_model(str(work / "final"))  # on every rank: gathers ZeRO-3 / FSDP shards
     if not state.is_main_process:
         state.wait_for_everyone()  # the main process publishes
         return ArtifactRef("rl", writer.id, writer.final, load_manifest(writer.final) or {})
     with writer:
-        writer.started = t0  # the manifest's `seconds` covers training, not only publishing
+        writer.started = time.time() - clock.seconds()  # `seconds`: all training, every leg of a resumed run
         kept = _kept(cfg, work, trainer.state.global_step)
         _publish(work, kept["source"], writer.dir, tokenizer, protocol_dict, base, cfg)
         writer.metrics.update(summarize(read_jsonl(writer.dir / "metrics.jsonl", allow_empty=True)))
         writer.metrics.update(
             {
-                "train_seconds": round(time.time() - t0, 1),
+                "train_seconds": round(clock.seconds(), 1),
+                "train_seconds_before_resume": round(clock.before, 1),
                 "processes": state.num_processes,
                 "resumed_from_step": _step_of(resume_from),
             }
