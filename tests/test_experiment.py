@@ -200,3 +200,20 @@ def test_a_seeded_experiment_trains_each_seed_and_reports_mean_and_sd(tmp_path):
     (same,) = json.loads((ref.path / "table.json").read_text())["comparisons"]
     assert same["diff"] == 0 and same["inside_noise"] and same["n_seeds"] == [2, 2]
     assert "| SFT, again | SFT | +0.000 [" in (ref.path / "table.md").read_text()
+
+
+def test_an_rl_run_resumed_before_its_legs_were_timed_adds_an_estimate_of_them(tmp_path):
+    """An RL artifact resumed before r3rag recorded `train_seconds_before_resume` counted its last
+    leg only: its row adds the median logged step time x the steps before the resume."""
+    from types import SimpleNamespace
+
+    from r3rag.results_table import train_seconds
+
+    (tmp_path / "metrics.jsonl").write_text(
+        "".join(json.dumps({"step": s, "time/step": t}) + "\n" for s, t in [(2, 3.0), (4, 900.0), (6, 5.0), (8, 4.0)])
+    )
+    metrics = {"resumed_from_step": 6}
+    rl = SimpleNamespace(manifest={"stage": "rl", "id": "r", "seconds": 10.0, "metrics": metrics}, path=tmp_path)
+    assert train_seconds("rl", {"rl": rl}) == 10.0 + 5.0 * 6  # median of the times up to step 6
+    metrics["train_seconds_before_resume"] = 40.0  # timed: `seconds` already holds every leg
+    assert train_seconds("rl", {"rl": rl}) == 10.0

@@ -349,12 +349,12 @@ def test_training_seconds_before_a_resume_come_from_the_checkpoint_or_the_logged
     from r3rag.observe import TrainClock, seconds_before
 
     ckpts, metrics = tmp_path / "checkpoints", tmp_path / "metrics.jsonl"
-    rows = [(2, 1.5), (4, 2.0), (6, 1.0), (8, 9.0)]  # logged every other step; step 8 is after the checkpoint
+    rows = [(2, 1.5), (4, 2.0), (6, 600.0), (8, 9.0)]  # every other step; 6 was paused; 8 is after the checkpoint
     metrics.write_text("".join(json.dumps({"step": s, "reward": 0.0, "time/step": t}) + "\n" for s, t in rows))
     (ckpts / "checkpoint-6").mkdir(parents=True)
-    assert seconds_before(str(ckpts / "checkpoint-6"), metrics) == 1.5 * 2 + 2.0 * 2 + 1.0 * 2
+    assert seconds_before(str(ckpts / "checkpoint-6"), metrics) == 2.0 * 6  # the median step time x the steps
     clock = TrainClock(str(ckpts / "checkpoint-6"), metrics)
-    assert clock.before == 9.0 and 9.0 <= clock.seconds() < 10.0
+    assert clock.before == 12.0 and 12.0 <= clock.seconds() < 13.0
     clock.before = 100.0  # as if much had been trained before: the next checkpoint records it
     (ckpts / "checkpoint-10").mkdir()
     state = SimpleNamespace(is_world_process_zero=True, global_step=10)

@@ -7,8 +7,8 @@
 - `TrainClock` (a TrainerCallback): training seconds that survive a resume. Each checkpoint
   records the seconds trained up to it; a resumed run starts from its checkpoint's figure, so
   a run killed and resumed across sessions reports its whole training time, not its last leg.
-  A checkpoint without the record (an older one) falls back to the per-step times logged in
-  metrics.jsonl up to it.
+  A checkpoint without the record (an older one) falls back to an estimate from the step times
+  logged in metrics.jsonl up to it.
 - `RolloutSampler`: the first N trajectories of each step, per process, as JSONL.
 - `truncate_after(path, step)`: on resume, drop lines logged after the checkpoint.
 - `plot_rewards(metrics.jsonl, png)`: reward and each component against the step.
@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import time
 from pathlib import Path
 
@@ -89,12 +90,16 @@ def seconds_before(checkpoint: str, metrics: Path) -> float:
     record = Path(checkpoint) / TrainClock.FILE
     if record.is_file():
         return float(json.loads(record.read_text())["train_seconds"])
-    step = int(Path(checkpoint).name.rsplit("-", 1)[1])
-    total, prev = 0.0, 0
-    for row in read_jsonl(metrics, allow_empty=True) if Path(metrics).is_file() else []:
-        if "time/step" in row and prev < row["step"] <= step:
-            total, prev = total + row["time/step"] * (row["step"] - prev), row["step"]
-    return total
+    return logged_seconds(metrics, int(Path(checkpoint).name.rsplit("-", 1)[1]))
+
+
+def logged_seconds(metrics: Path, up_to_step: int) -> float:
+    """An estimate of the seconds steps 1..`up_to_step` took: the median logged `time/step` of
+    those steps times their number (the median, since a line logs one step's time and a run that
+    was paused or shared the cores logs a few very long ones)."""
+    rows = read_jsonl(metrics, allow_empty=True) if Path(metrics).is_file() else []
+    times = [row["time/step"] for row in rows if "time/step" in row and row["step"] <= up_to_step]
+    return statistics.median(times) * up_to_step if times else 0.0
 
 
 def show_progress(trainer, label: str, console=None):

@@ -89,23 +89,37 @@ def train_seconds(system: str, refs: dict) -> float:
     """The policy's own training: base + sft (+ rl for the RL policy), as recorded when built,
     plus a model another variant trained that a stage starts from through a path
     (`rl.model=${lora.base}/model`)."""
-    used = [refs[s].manifest for s in (TRAINED if system.split("@")[0] == "rl" else ("base", "sft")) if s in refs]
-    trained = {m.get("id"): m for m in used}  # by id: a model reached both ways counts once
-    for m in filter(None, map(_model_artifact, used)):
-        trained.setdefault(m.get("id"), m)
-    return round(sum(m.get("seconds", 0.0) for m in trained.values()), 1)
+    stages = TRAINED if system.split("@")[0] == "rl" else ("base", "sft")
+    used = [(refs[s].manifest, getattr(refs[s], "path", None)) for s in stages if s in refs]
+    trained = {m.get("id"): (m, path) for m, path in used}  # by id: a model reached both ways counts once
+    for found in filter(None, (_model_artifact(m) for m, _ in used)):
+        trained.setdefault(found[0].get("id"), found)
+    return round(sum(m.get("seconds", 0.0) + _legacy_resume_seconds(m, path) for m, path in trained.values()), 1)
 
 
-def _model_artifact(manifest: dict) -> dict | None:
-    """The manifest of the trained artifact holding a stage's `model` path, if it is one."""
+def _model_artifact(manifest: dict) -> tuple[dict, Path] | None:
+    """The manifest and folder of the trained artifact holding a stage's `model` path, if it is one."""
     model = (manifest.get("config") or {}).get("model")
     if not isinstance(model, str) or not model:
         return None
     for folder in (Path(model), Path(model).parent):
         found = load_manifest(folder)
         if found and found["stage"] in TRAINED:
-            return found
+            return found, folder
     return None
+
+
+def _legacy_resume_seconds(manifest: dict, path: Path) -> float:
+    """An RL run resumed before r3rag recorded the time of the legs before a resume
+    (`train_seconds_before_resume`) counted its last leg only: add the logged step times up to
+    the step it resumed from (r3rag.observe.logged_seconds)."""
+    metrics = manifest.get("metrics") or {}
+    step = metrics.get("resumed_from_step") or 0
+    if manifest.get("stage") != "rl" or not step or "train_seconds_before_resume" in metrics or path is None:
+        return 0.0
+    from r3rag.observe import logged_seconds
+
+    return logged_seconds(Path(path) / "metrics.jsonl", step)
 
 
 def _row(label: str, source: str, m: dict, train_seconds: float) -> dict:
