@@ -201,19 +201,29 @@ def run_cmd(
     dry_run: Annotated[
         bool, typer.Option("--dry-run", help="Validate the whole config and print the plan; load and write nothing.")
     ] = False,
+    status: Annotated[
+        bool, typer.Option("--status", help="Say which stages are done, in progress or left; build nothing.")
+    ] = False,
     debug: DebugOpt = False,
 ):
     """Run a pipeline's stages in order, reusing any artifact that already exists for the same config and inputs.
 
     Overrides name the stage: --set world.seed=7 --set sft.epochs=2. The last line printed is
     the path of the final artifact. --dry-run checks every stage's config and prints the plan
-    (inputs and non-default settings per stage) without loading data or weights.
+    (inputs and non-default settings per stage) without loading data or weights. --status
+    looks up each stage's artifact (per variant and seed of an experiment): done, in progress
+    (an RL run with a checkpoint to resume from), to do, or waiting for its inputs.
     """
 
     def go():
         from r3rag.experiment import plan_file, run_file
         from r3rag.pipeline import print_plan
 
+        if status:
+            from r3rag.run_status import print_status, status_file
+
+            print_status(status_file(pipeline, list(set_ or []), runs_dir), pipeline)
+            return
         if dry_run:
             print_plan(plan_file(pipeline, list(set_ or []), runs_dir), pipeline)
             print("dry run: the config is valid")

@@ -15,9 +15,11 @@ Usage:
 
 from __future__ import annotations
 
+import io
 from datetime import datetime
 from pathlib import Path
 
+from rich.console import Console
 from rich.table import Table
 
 from r3rag.artifacts import ArtifactRef, default_runs_dir, list_artifacts
@@ -77,6 +79,7 @@ def run_stage(
     runs_dir: Path | None,
     bound: dict[str, ArtifactRef] | None = None,
     data: dict | None = None,
+    status_only: bool = False,
 ) -> ArtifactRef:
     module = stage_module(stage)
     data = data if data is not None else _load_pipeline(config_path)
@@ -87,7 +90,9 @@ def run_stage(
     if bound and "model" in bound:  # `model: model:latest` anywhere (sft.model, eval.models.X.model...)
         section = _bind_latest(section, "model", str(bound["model"].path))
     cfg = stage_config(stage, section, overrides, f"{config_path}: {stage}" if config_path else stage)
-    ctx = Context(runs_dir=Path(runs_dir) if runs_dir else default_runs_dir())
+    ctx = Context(runs_dir=Path(runs_dir) if runs_dir else default_runs_dir(), status_only=status_only)
+    if status_only:  # found or not: said in the status table, not on the console
+        ctx.console = Console(file=io.StringIO())
     with ctx.tidy_on_failure():
         return module.run(cfg, ctx)
 

@@ -36,11 +36,21 @@ def _stderr_console() -> Console:
     return Console(stderr=True)
 
 
+class NotBuilt(Exception):
+    """`--status`: the artifact this stage would write does not exist yet (its id, final path and
+    config say which, and where a killed run's work would be)."""
+
+    def __init__(self, stage: str, artifact_id: str, final: Path, cfg):
+        super().__init__(f"{stage}: {artifact_id} not built")
+        self.stage, self.id, self.final, self.cfg = stage, artifact_id, final, cfg
+
+
 @dataclass
 class Context:
     runs_dir: Path = field(default_factory=default_runs_dir)
     console: Console = field(default_factory=_stderr_console)
     writers: list[ArtifactWriter] = field(default_factory=list)  # this command's, for `tidy_on_failure`
+    status_only: bool = False  # `r3rag run --status`: find artifacts, build nothing (NotBuilt)
 
     @contextmanager
     def tidy_on_failure(self):
@@ -60,6 +70,8 @@ class Context:
         w = ArtifactWriter(stage, cfg.name, hashed, inputs, self.runs_dir, seed=getattr(cfg, "seed", None))
         w.config = dataclasses.asdict(cfg)
         self.writers.append(w)
+        if self.status_only and not w.existing:
+            raise NotBuilt(w.stage, w.id, w.final, cfg)
         return w
 
     # Text, not markup: the runs dir is the user's path, and rich would read `[x]` in it as a tag

@@ -1,0 +1,79 @@
+"""`r3rag run FILE --status`: how far a pipeline or an experiment has got, building nothing.
+
+Each stage's artifact id is computed as a run would compute it (its config and its inputs'
+content), and looked up: `done` (published), `in progress` (an RL run's work folder holds a
+checkpoint: a rerun resumes from it), `to do` (the next stage to run), `waiting` (its inputs
+are not built yet, so its id is not known). A multi-day experiment (pipelines/replicate.yaml,
+three seeds a variant, resumed across sessions) shows what is left without starting it.
+
+Usage:
+    r3rag run pipelines/replicate.yaml --status
+    rows = status_file(Path("pipelines/replicate.yaml"), [], runs_dir=None)
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from r3rag.errors import UserError
+from r3rag.experiment import parse_variants, variant_overrides
+from r3rag.experiment_seeds import expand_seeds
+from r3rag.pipeline import is_experiment, load_pipeline, pipeline_stages, run_stage, split_overrides
+from r3rag.stages.common import NotBuilt
+
+
+def status_file(path: Path, overrides: list[str], runs_dir: Path | None) -> list[dict]:
+    """One row per stage (per variant of an experiment): {"stage", "state", "detail"}."""
+    data = load_pipeline(path)
+    if not is_experiment(data):
+        stages = pipeline_stages(data, path)
+        return _status_stages(path, data, stages, split_overrides(overrides, stages), runs_dir, {})[0]
+    data = expand_seeds(path, data)
+    rows, built = [], {}
+    for name, spec in parse_variants(path, data).items():
+        try:
+            per_stage = variant_overrides(path, name, spec, overrides, built)
+        except UserError:  # `${other.stage}` of a variant not built yet
+            rows += [{"stage": f"{name}: {s}", "state": "waiting", "detail": ""} for s in spec["stages"]]
+            continue
+        stage_rows, built[name] = _status_stages(path, data, spec["stages"], per_stage, runs_dir, {})
+        rows += [{**r, "stage": f"{name}: {r['stage']}"} for r in stage_rows]
+    return rows
+
+
+def _status_stages(path, data, stages, per_stage, runs_dir, bound) -> tuple[list[dict], dict]:
+    rows = []
+    for i, stage in enumerate(stages):
+        try:
+            bound[stage] = run_stage(stage, path, per_stage[stage], runs_dir, bound=bound, data=data, status_only=True)
+        except NotBuilt as missing:
+            rows.append({"stage": stage, **_unbuilt(missing)})
+            rows += [{"stage": s, "state": "waiting", "detail": ""} for s in stages[i + 1 :]]
+            return rows, bound
+        rows.append({"stage": stage, "state": "done", "detail": bound[stage].id})
+    return rows, bound
+
+
+def _unbuilt(missing: NotBuilt) -> dict:
+    """`to do`, or `in progress` where a killed RL run left checkpoints to resume from."""
+    checkpoints = missing.final.parent / f".work-{missing.id}" / "checkpoints"
+    steps = [int(p.name.rsplit("-", 1)[1]) for p in checkpoints.glob("checkpoint-*") if p.name[11:].isdigit()]
+    if steps:
+        return {"state": "in progress", "detail": f"checkpoint at step {max(steps)} of {missing.cfg.steps}"}
+    return {"state": "to do", "detail": missing.id}
+
+
+def print_status(rows: list[dict], path: Path) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    table = Table(title=f"{path}: status", title_justify="left")
+    for col in ("stage", "state", "detail"):
+        table.add_column(col, overflow="fold")
+    style = {"done": "green", "in progress": "yellow", "to do": "bold", "waiting": "dim"}
+    for r in rows:
+        table.add_row(r["stage"], f"[{style[r['state']]}]{r['state']}[/]", r["detail"])
+    console = Console()
+    console.print(table)
+    counts = {s: sum(r["state"] == s for r in rows) for s in style}
+    console.print(", ".join(f"{n} {s}" for s, n in counts.items()) + f" (of {len(rows)} stages)")

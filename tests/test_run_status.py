@@ -1,0 +1,65 @@
+"""`r3rag run FILE --status`: which stages of a pipeline or experiment are done, in progress, to
+do or waiting, found by the ids a run would compute, without building anything."""
+
+from pathlib import Path
+from types import SimpleNamespace
+
+import yaml
+
+from r3rag.stages.common import NotBuilt
+from tests.cli_helpers import r3rag_inprocess
+from tests.conftest import TINY_WORLD
+
+
+def _status(path, runs) -> dict[str, str]:
+    from r3rag.run_status import status_file
+
+    return {r["stage"]: r["state"] for r in status_file(path, [], runs)}
+
+
+def _write(path: Path, data: dict) -> Path:
+    path.write_text(yaml.safe_dump(data))
+    return path
+
+
+def test_status_finds_built_stages_and_builds_nothing(tmp_path):
+    runs = tmp_path / "runs"
+    base = {"name": "st", "world": TINY_WORLD, "synthesize": {"template": "minimal", "doc_style": "plain"}}
+    three = _write(tmp_path / "three.yaml", {**base, "stages": ["world", "index", "synthesize"]})
+    assert _status(three, runs) == {"world": "to do", "index": "waiting", "synthesize": "waiting"}
+    assert not runs.exists() or not any(p.is_file() for p in runs.rglob("*"))  # nothing written
+    two = _write(tmp_path / "two.yaml", {**base, "stages": ["world", "index"]})
+    assert r3rag_inprocess("run", two, "--runs-dir", runs).returncode == 0
+    assert _status(three, runs) == {"world": "done", "index": "done", "synthesize": "to do"}
+    changed = _write(tmp_path / "changed.yaml", {**base, "world": {**TINY_WORLD, "seed": 99}, "stages": ["world"]})
+    assert _status(changed, runs) == {"world": "to do"}  # other settings: another artifact
+    out = r3rag_inprocess("run", three, "--status", "--runs-dir", runs)
+    assert out.returncode == 0 and "2 done, 0 in progress, 1 to do, 0 waiting (of 3 stages)" in out.stdout
+
+
+def test_an_experiment_variant_waits_for_the_variant_it_names(tmp_path):
+    runs = tmp_path / "runs"
+    data = {
+        "name": "st",
+        "world": TINY_WORLD,
+        "stages": ["world", "index"],
+        "variants": {
+            "a": {"stages": ["world"]},
+            "b": {"stages": ["world", "index", "eval"], "set": ["index.world=${a.world}"]},
+        },
+        "table": {"row": "b/rag"},
+    }
+    path = _write(tmp_path / "exp.yaml", data)
+    want = {"a: world": "to do", "b: world": "waiting", "b: index": "waiting", "b: eval": "waiting"}
+    assert _status(path, runs) == want
+
+
+def test_an_rl_run_with_checkpoints_is_in_progress(tmp_path):
+    from r3rag.run_status import _unbuilt
+
+    final = tmp_path / "rl" / "x-abc"
+    missing = NotBuilt("rl", "x-abc", final, SimpleNamespace(steps=200))
+    assert _unbuilt(missing) == {"state": "to do", "detail": "x-abc"}
+    for step in (40, 120):
+        (tmp_path / "rl" / ".work-x-abc" / "checkpoints" / f"checkpoint-{step}").mkdir(parents=True)
+    assert _unbuilt(missing) == {"state": "in progress", "detail": "checkpoint at step 120 of 200"}
