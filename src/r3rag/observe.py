@@ -85,8 +85,8 @@ class TrainClock(TrainerCallback):
 
 
 def seconds_before(checkpoint: str, metrics: Path) -> float:
-    """Seconds trained up to `checkpoint`: its record, else the logged step times up to its step
-    (each logged `time/step` standing for the steps since the previous logged line)."""
+    """Seconds trained up to `checkpoint`: its record, else an estimate from the step times
+    logged up to its step (`logged_seconds`)."""
     record = Path(checkpoint) / TrainClock.FILE
     if record.is_file():
         return float(json.loads(record.read_text())["train_seconds"])
