@@ -127,3 +127,18 @@ def test_real_world_missing_file_is_one_line(shared_root, tmp_path):
         "world", "--set", "source=files", "--set", "test=[nope/missing.jsonl]", "--runs-dir", tmp_path / "runs"
     )
     assert_one_line_error(out, "world.test", "missing.jsonl")
+
+
+def test_real_dev_split_is_the_test_files_next_questions(shared_root, tmp_path):
+    """The same file as dev and test, dev with a larger limit: dev is the questions after test's,
+    none shared with it; training drops both."""
+    from r3rag.data.importers import import_questions
+    from r3rag.pipeline import run_stage
+
+    hotpot = "hotpotqa/dev_distractor_ircot_subsample.jsonl"
+    sets = ["source=files", f"train=[{hotpot}]", f"dev=[{hotpot}]", f"test=[{hotpot}]", "limits={test: 6, dev: 10}"]
+    ref = run_stage("world", None, [*sets, "corpus=[]"], tmp_path)
+    split = {s: [json.loads(line)["id"] for line in open(ref.path / f"{s}.jsonl")] for s in ("train", "dev", "test")}
+    every = [q["id"] for q in import_questions(shared_root / hotpot, "auto", 0)[0]]
+    assert split["test"] == every[:6] and split["dev"] == every[6:10]
+    assert not set(split["train"]) & set(every[:10]) and len(split["train"]) == len(every) - 10

@@ -69,12 +69,19 @@ def resolve_files(files: RealFiles, root: Path) -> dict[str, list[Path]]:
 def load_real(files: RealFiles, root: Path) -> RealData:
     paths = resolve_files(files, root)
     splits = {s: _questions(paths[s], files.limits.get(s, 0)) for s in SPLITS}
-    held_out = [q for s in ("dev", "test") for q in splits[s]]
-    seen_ids, seen_text = {q["id"] for q in held_out}, {_norm(q["question"]) for q in held_out}
-    train = [q for q in splits["train"] if q["id"] not in seen_ids and _norm(q["question"]) not in seen_text]
+    # Dev shares no question with test (so dev can be the test file's next questions: the same
+    # file with a larger limit), and train none with either.
+    splits["dev"] = _without(splits["dev"], splits["test"])
+    train = _without(splits["train"], splits["dev"] + splits["test"])
     dropped = len(splits["train"]) - len(train)
     splits["train"] = train
     return RealData(_corpus(paths["corpus"], [q for qs in splits.values() for q in qs]), splits, dropped)
+
+
+def _without(questions: list[dict], held_out: list[dict]) -> list[dict]:
+    """`questions` minus any that `held_out` has, by id or by normalised text."""
+    seen_ids, seen_text = {q["id"] for q in held_out}, {_norm(q["question"]) for q in held_out}
+    return [q for q in questions if q["id"] not in seen_ids and _norm(q["question"]) not in seen_text]
 
 
 def _questions(paths: list[Path], limit: int) -> list[dict]:

@@ -45,7 +45,7 @@ class Config(WorldConfig):
     probe_top_k: int = 3  # k for the question-only retrieval probe
     source: str = "synthetic"  # synthetic (generated) or files (real questions and passages)
     train: list[str] = field(default_factory=list)  # source=files: question files, relative to data_root
-    dev: list[str] = field(default_factory=list)  # source=files: dev question files ([] = no dev split)
+    dev: list[str] = field(default_factory=list)  # source=files: dev question files, less any in test ([] = none)
     test: list[str] = field(default_factory=list)  # source=files: test question files
     corpus: list[str] = field(default_factory=list)  # passage files (FlashRAG contents or id/title/text)
     limits: dict[str, int] = field(default_factory=dict)  # split -> first N questions of each file (0 = all)
