@@ -66,3 +66,18 @@ def test_replicate_dev_tunes_on_dev_only_and_plans(tmp_path):
     assert out.returncode == 0, out.stderr
     assert "split=dev" in out.stdout and "split=test" not in out.stdout
     assert not (tmp_path / "runs").exists()
+
+
+def test_the_real_model_table_has_seeds_a_dev_split_and_a_trained_reader(tmp_path):
+    """real-smollm2-seeds.yaml: the real pipeline with three seeds, a dev split cut from the test
+    file's next questions, a trained RAG reader beside the prompted baselines; its dev file
+    chooses GRPO's lr on dev only. Both plan without data or weights."""
+    seeds = _load_pipeline(PIPELINES / "real-smollm2-seeds.yaml")
+    assert seeds["seeds"]["values"] == [0, 1, 2] and seeds["eval"]["split"] == "test"
+    assert seeds["world"]["dev"] == seeds["world"]["test"][:1] and seeds["world"]["limits"]["dev"] > 60
+    assert _sets(seeds["variants"]["reader_rag5"])["synthesize.reader"] == "rag"
+    dev = _load_pipeline(PIPELINES / "real-smollm2-dev.yaml")
+    assert dev["eval"]["split"] == "dev" and dev["seeds"] is None
+    for name in ("real-smollm2-seeds.yaml", "real-smollm2-dev.yaml"):
+        out = r3rag_inprocess("run", PIPELINES / name, "--dry-run", "--runs-dir", tmp_path / "runs")
+        assert out.returncode == 0, out.stderr

@@ -247,6 +247,13 @@ def test_replicate_pipelines_name_their_own_results_files():
         name: results_spec(ROOT / "pipelines" / f"{name}.yaml", load_pipeline(ROOT / "pipelines" / f"{name}.yaml"))[
             "path"
         ]
-        for name in ("replicate", "replicate-ablations", "replicate-dev", "replicate-extras")
+        for name in (
+            "replicate",
+            "replicate-ablations",
+            "replicate-dev",
+            "replicate-extras",
+            "real-smollm2-seeds",
+            "real-smollm2-dev",
+        )
     }
-    assert len(set(paths.values())) == 4 and paths["replicate"] == Path("results/replicate.json")
+    assert len(set(paths.values())) == 6 and paths["replicate"] == Path("results/replicate.json")
