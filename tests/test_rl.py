@@ -294,6 +294,7 @@ def test_two_processes_on_cpu_each_roll_out_their_share(pipeline_runs, tmp_path)
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     art = Path(out.stdout.strip().splitlines()[-1])
+    assert out.stdout.count(art.name) == 1  # the main process prints the path; the other rank, nothing
     manifest = json.loads((art / "manifest.json").read_text())
     assert manifest["metrics"]["processes"] == 2
     rollouts = read_jsonl(art / "rollouts.jsonl")

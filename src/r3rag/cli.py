@@ -78,7 +78,8 @@ def _stage_command(stage: str):
 
             overrides = list(set_ or []) + ([f"seed={seed}"] if seed is not None else [])
             ref = run_stage(stage, config, overrides, runs_dir)
-            print(ref.path)
+            if os.environ.get("RANK", "0") == "0":  # under accelerate launch, one line from the main process
+                print(ref.path)
 
         guard(go, debug)
 
