@@ -312,13 +312,13 @@ def test_rl_manifest_seconds_cover_training(pipeline_runs):
 
 def test_resume_skips_a_checkpoint_whose_state_file_was_cut_short(tmp_path):
     """A kill while the Trainer writes trainer_state.json leaves it empty or partial: resume from the one before."""
-    from r3rag.stages.rl import _last_complete_checkpoint
+    from r3rag.stages.rl import last_complete_checkpoint
 
     for step, state in ((2, '{"global_step": 2}'), (4, ""), (6, '{"global_st')):
         (tmp_path / f"checkpoint-{step}").mkdir()
         (tmp_path / f"checkpoint-{step}" / "trainer_state.json").write_text(state)
     (tmp_path / "checkpoint-8").mkdir()  # killed before the state file
-    assert _last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-2")
+    assert last_complete_checkpoint(tmp_path) == str(tmp_path / "checkpoint-2")
 
 
 def test_resume_auto_continues_where_a_checkpoint_is_and_starts_afresh_where_none_is(tmp_path):

@@ -60,6 +60,10 @@ def test_an_rl_run_with_checkpoints_is_in_progress(tmp_path):
     final = tmp_path / "rl" / "x-abc"
     missing = NotBuilt("rl", "x-abc", final, SimpleNamespace(steps=200))
     assert _unbuilt(missing) == {"state": "to do", "detail": "x-abc"}
-    for step in (40, 120):
+    for step in (40, 120, 130):
         (tmp_path / "rl" / ".work-x-abc" / "checkpoints" / f"checkpoint-{step}").mkdir(parents=True)
+        if step != 130:  # 130: killed while saving, no trainer_state.json: a resume skips it
+            (tmp_path / "rl" / ".work-x-abc" / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json").write_text(
+                "{}"
+            )
     assert _unbuilt(missing) == {"state": "in progress", "detail": "checkpoint at step 120 of 200"}

@@ -56,10 +56,11 @@ def _status_stages(path, data, stages, per_stage, runs_dir, bound) -> tuple[list
 
 def _unbuilt(missing: NotBuilt) -> dict:
     """`to do`, or `in progress` where a killed RL run left checkpoints to resume from."""
-    checkpoints = missing.final.parent / f".work-{missing.id}" / "checkpoints"
-    steps = [int(p.name.rsplit("-", 1)[1]) for p in checkpoints.glob("checkpoint-*") if p.name[11:].isdigit()]
-    if steps:
-        return {"state": "in progress", "detail": f"checkpoint at step {max(steps)} of {missing.cfg.steps}"}
+    from r3rag.stages.rl import last_complete_checkpoint, step_of  # the checkpoint a resume would use
+
+    last = last_complete_checkpoint(missing.final.parent / f".work-{missing.id}" / "checkpoints")
+    if last:
+        return {"state": "in progress", "detail": f"checkpoint at step {step_of(last)} of {missing.cfg.steps}"}
     return {"state": "to do", "detail": missing.id}
 
 

@@ -151,7 +151,7 @@ def run(cfg: Config, ctx: Context):
                 "train_seconds": round(clock.seconds(), 1),
                 "train_seconds_before_resume": round(clock.before, 1),
                 "processes": state.num_processes,
-                "resumed_from_step": _step_of(resume_from),
+                "resumed_from_step": step_of(resume_from),
             }
         )
         writer.metrics.update({k: v for k, v in kept.items() if k != "source"})
@@ -165,7 +165,7 @@ def _prepare_work(work: Path, resume: bool | str, state) -> str | None:
     from r3rag.observe import truncate_after
 
     ckpts = work / "checkpoints"
-    last = _last_complete_checkpoint(ckpts)
+    last = last_complete_checkpoint(ckpts)
     if resume == "auto":
         resume = last is not None
     if resume and last is None:
@@ -179,19 +179,19 @@ def _prepare_work(work: Path, resume: bool | str, state) -> str | None:
         work.mkdir(parents=True, exist_ok=True)
         if resume:  # steps after the checkpoint are run (and logged) again
             for p in ckpts.glob("checkpoint-*"):
-                if _step_of(str(p)) > _step_of(last):  # incomplete, or never to be reached again
+                if step_of(str(p)) > step_of(last):  # incomplete, or never to be reached again
                     shutil.rmtree(p)
             for path in [work / "metrics.jsonl", *work.glob("rollouts.rank*.jsonl")]:
-                truncate_after(path, _step_of(last))
+                truncate_after(path, step_of(last))
     state.wait_for_everyone()
     return last if resume else None
 
 
-def _last_complete_checkpoint(ckpts: Path) -> str | None:
+def last_complete_checkpoint(ckpts: Path) -> str | None:
     """The newest checkpoint-N with a whole trainer_state.json (the Trainer writes it last: a kill
     during a save leaves a directory without it, or with the file empty or cut short, and is skipped)."""
     done = [p for p in ckpts.glob("checkpoint-*") if _whole_json(p / "trainer_state.json")]
-    return str(max(done, key=lambda p: _step_of(str(p)))) if done else None
+    return str(max(done, key=lambda p: step_of(str(p)))) if done else None
 
 
 def _whole_json(path: Path) -> bool:
@@ -202,7 +202,7 @@ def _whole_json(path: Path) -> bool:
     return True
 
 
-def _step_of(checkpoint: str | None) -> int:
+def step_of(checkpoint: str | None) -> int:
     return int(Path(checkpoint).name.rsplit("-", 1)[1]) if checkpoint else 0
 
 
