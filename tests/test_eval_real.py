@@ -8,7 +8,7 @@ import pytest
 
 from r3rag.jsonl import read_jsonl
 from r3rag.metrics import exact_match, f1_score
-from tests.cli_helpers import assert_one_line_error, r3rag
+from tests.cli_helpers import assert_one_line_error, r3rag, r3rag_inprocess
 
 
 @pytest.fixture(scope="module")
@@ -111,9 +111,13 @@ def test_retrievers_agree_on_top_titles_mostly(hotpot_eval):
 
 
 def test_eval_bad_system_names(tmp_path):
-    out = r3rag("eval", "--runs-dir", str(tmp_path), "--set", "systems=[nope]")
+    out = r3rag_inprocess("eval", "--runs-dir", str(tmp_path), "--set", "systems=[nope]")
     assert_one_line_error(out, "unknown system 'nope'")
-    out = r3rag("eval", "--runs-dir", str(tmp_path), "--set", "systems=[x]", "--set", "models.x.scripted=magic")
+    out = r3rag_inprocess(
+        "eval", "--runs-dir", str(tmp_path), "--set", "systems=[x]", "--set", "models.x.scripted=magic"
+    )
     assert_one_line_error(out, "unknown script 'magic'")
-    out = r3rag("eval", "--runs-dir", str(tmp_path), "--set", "systems=[sft]", "--set", "models.y.scripted=top-title")
+    out = r3rag_inprocess(
+        "eval", "--runs-dir", str(tmp_path), "--set", "systems=[sft]", "--set", "models.y.scripted=top-title"
+    )
     assert_one_line_error(out, "'y' is defined but not listed")

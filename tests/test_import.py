@@ -7,7 +7,7 @@ import pytest
 from r3rag.data.corpus import load_corpus
 from r3rag.data.importers import corpus_from_questions, detect_format, import_questions
 from r3rag.errors import UserError
-from tests.cli_helpers import assert_one_line_error, r3rag
+from tests.cli_helpers import assert_one_line_error, r3rag, r3rag_inprocess
 
 HOTPOT = [
     {
@@ -221,7 +221,7 @@ def test_cli_errors_leave_no_output(tmp_path, name, content, needles):
     src = tmp_path / name
     src.write_text(content)
     out, corpus = tmp_path / "q.jsonl", tmp_path / "c.jsonl"
-    assert_one_line_error(r3rag("import", str(src), "--out", str(out), "--corpus-out", str(corpus)), *needles)
+    assert_one_line_error(r3rag_inprocess("import", str(src), "--out", str(out), "--corpus-out", str(corpus)), *needles)
     assert sorted(p.name for p in tmp_path.iterdir()) == [name]
 
 

@@ -20,7 +20,7 @@ from r3rag.modeling import tiny_model, train_word_tokenizer
 from r3rag.protocol import Protocol
 from r3rag.retrieval.bm25 import BM25Retriever
 from r3rag.training import completion_with_eos
-from tests.cli_helpers import assert_one_line_error, r3rag
+from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
 from tests.grad_helpers import keep_final_hidden
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -215,7 +215,7 @@ def test_resume_after_a_kill_continues_from_the_last_checkpoint(pipeline_runs):
 
 def test_resume_without_a_checkpoint_is_a_clear_error(pipeline_runs):
     runs, _ = pipeline_runs
-    out = r3rag("rl", "--runs-dir", str(runs), "--set", "name=never-started", "--resume")
+    out = r3rag_inprocess("rl", "--runs-dir", str(runs), "--set", "name=never-started", "--resume")
     assert_one_line_error(out, "rl --resume: no checkpoint")
 
 
@@ -225,7 +225,7 @@ def test_vllm_asked_for_but_missing_is_a_clear_error(pipeline_runs):
     if importlib.util.find_spec("vllm") is not None:
         pytest.skip("vLLM is installed here")
     runs, _ = pipeline_runs
-    out = r3rag("rl", "--runs-dir", str(runs), "--set", "vllm=colocate")
+    out = r3rag_inprocess("rl", "--runs-dir", str(runs), "--set", "vllm=colocate")
     assert_one_line_error(out, "rl.vllm=colocate: vLLM is not installed")
 
 

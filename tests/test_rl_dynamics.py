@@ -18,7 +18,7 @@ from r3rag.protocol import Protocol
 from r3rag.retrieval.bm25 import BM25Retriever
 from r3rag.rewards import RewardScorer, RewardSettings
 from r3rag.trainers import step_advantages
-from tests.cli_helpers import assert_one_line_error, r3rag
+from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
 from tests.grad_helpers import keep_final_hidden
 from tests.test_rl_correctness import searching_policy  # noqa: F401 (a fixture: an SFT policy that searches)
 
@@ -428,9 +428,9 @@ def test_keep_best_dev_publishes_the_best_steps_weights(pipeline_runs, tmp_path,
 def test_dev_eval_without_a_dev_split_is_one_line(pipeline_runs, tmp_path):
     runs, _ = pipeline_runs
     questions = _dev_file(runs, tmp_path)
-    out = r3rag("rl", "--runs-dir", str(runs), "--set", "eval_every=2", "--set", f"questions={questions}")
+    out = r3rag_inprocess("rl", "--runs-dir", str(runs), "--set", "eval_every=2", "--set", f"questions={questions}")
     assert_one_line_error(out, "rl.eval_every", "set rl.eval_questions")
-    out = r3rag("rl", "--runs-dir", str(runs), "--set", "keep=best_dev")
+    out = r3rag_inprocess("rl", "--runs-dir", str(runs), "--set", "keep=best_dev")
     assert_one_line_error(out, "rl.keep=best_dev")
 
 
