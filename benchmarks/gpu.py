@@ -14,12 +14,20 @@
    fine-tuning: seconds per step and peak GPU memory.
 3. demo: `r3rag run pipelines/demo.yaml` on the device, then the same with a larger 8x512
    policy: held-out EM per system and wall seconds per stage.
+4. dense (issue 18; not in the default parts, `--parts dense`): benchmarks/retrieval_scale_dense.py's
+   section at 200,000 passages of the shared pools' real text, encoded by all-MiniLM-L6-v2 on the
+   GPU: IVF-PQ's recall@10 against exact search, bytes a passage, MiniLM passages/s; then the
+   passages/s of an E5-base-shaped encoder (BERT-base, random weights, fp16, "passage: " prefix,
+   through r3rag's own `Encoder`) on 20,000 of those passages, for the 21M-passage projection.
+   Needs the shared pools ($R3RAG_DATA), faiss and MiniLM: benchmarks/gpu_dense_carry.sh packs them.
 The parts run in that order (the issue's headline figure first), each printing its figures as
 it ends; a part (or the demo's second policy) that would start after `--deadline-s` is skipped
 and reported as such, so a time-limited run still ends with its JSON line.
 
 Usage:
     python benchmarks/gpu.py [--parts rollout,grpo,demo] [--smoke] [--deadline-s 420]
+    python benchmarks/gpu.py --parts dense [--dense-encoder DIR]   # issue 18's dense figures
+    (the device command that carries what the dense part needs: benchmarks/gpu_dense_carry.sh)
 Last line: {"gpu_rollout_speedup_b256": ..., ...}
 """
 
@@ -210,12 +218,61 @@ def grpo(shape: dict, device: str, runs: Path) -> dict:
     return out
 
 
+def dense(smoke: bool, work: Path, encoder: str) -> dict:
+    """IVF-PQ against Flat on MiniLM vectors of 200k real passages, and E5-base-shaped encoding speed."""
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    from retrieval_scale_dense import add_arguments, dense_section, dense_texts
+
+    ap = argparse.ArgumentParser()
+    add_arguments(ap)
+    n, queries = (300, 64) if smoke else (200_000, 1000)
+    args = ap.parse_args(
+        ["--dense-passages", str(n), "--dense-queries", str(queries), "--dense-chunk-size", "50000"]
+        + ["--dense-encoder", encoder]
+    )
+    work.mkdir(parents=True, exist_ok=True)
+    out = dense_section(work, args, {})
+    texts, _ = dense_texts(_shared_root(), 100 if smoke else 20_000)
+    out["e5_base_shaped_passages_per_s"] = _e5_base_rate(texts, work / "e5-base-shaped", smoke, encoder)
+    print(f"dense: {out}", flush=True)
+    return out
+
+
+def _shared_root() -> Path:
+    from r3rag.data.shared import shared_data
+
+    return shared_data()
+
+
+def _e5_base_rate(texts: list[str], where: Path, smoke: bool, encoder: str) -> float:
+    """Passages/s of r3rag's Encoder on a BERT-base-shaped model (E5-base's architecture) with MiniLM's
+    tokenizer (the same uncased WordPiece vocabulary): Search-R1's retriever's cost a passage."""
+    from transformers import AutoTokenizer, BertConfig, BertModel
+
+    from r3rag.retrieval.dense import Encoder, resolve_encoder
+
+    shape = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=2, intermediate_size=128) if smoke else {}
+    BertModel(BertConfig(**shape)).save_pretrained(where)  # BertConfig() is BERT-base: 768 x 12 layers
+    AutoTokenizer.from_pretrained(resolve_encoder(encoder)).save_pretrained(where)
+    enc = Encoder(str(where), pooling="mean", max_length=256)
+    passages = [f"passage: {t}" for t in texts]
+    enc.encode(passages[:512], 256, True)  # warm up (CUDA kernels, allocator)
+    if enc.device.startswith("cuda"):
+        torch.cuda.synchronize()
+    t0 = time.perf_counter()
+    enc.encode(passages, 256, True)
+    if enc.device.startswith("cuda"):
+        torch.cuda.synchronize()
+    return len(passages) / (time.perf_counter() - t0)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--parts", default="rollout,grpo,demo")
     ap.add_argument("--deadline-s", type=float, default=420, help="start no part after this many seconds")
     ap.add_argument("--smoke", action="store_true", help="tiny shapes on whatever device there is")
     ap.add_argument("--out", default="", help="where runs go (default: a temp dir)")
+    ap.add_argument("--dense-encoder", default="", help="dense part: MiniLM's directory (default: its package)")
     args = ap.parse_args()
     device = "cuda" if torch.cuda.is_available() else "cpu"
     shape, batches = (SMOKE, [8, 16]) if args.smoke else (QWEN_05B, [64, 256])
@@ -228,6 +285,7 @@ def main() -> None:
         "rollout": lambda: rollout(shape, device, batches),
         "grpo": lambda: grpo(shape, device, runs / "grpo"),
         "demo": lambda: demo(runs / "demo", args.smoke, deadline),
+        "dense": lambda: dense(args.smoke, runs / "dense", args.dense_encoder),
     }
     result: dict = {}
     for part in (p for p in steps if p in parts):
@@ -238,6 +296,8 @@ def main() -> None:
         top = max(result["rollout"])
         final[f"gpu_rollout_speedup_b{top}"] = result["rollout"][top]["speedup_static_vs_plain"]
         final.update({f"rollout_tokens_per_s_b{b}": r for b, r in result["rollout"].items()})
+    if isinstance(result.get("dense"), dict):  # issue 18's key names at the top level
+        final.update(result.pop("dense"))
     final.update({k: v for k, v in result.items() if k != "rollout" or not isinstance(v, dict)})
     print(json.dumps(final))
 

@@ -42,6 +42,7 @@ def add_arguments(ap: argparse.ArgumentParser) -> None:
     ap.add_argument("--dense-pq-m", type=int, default=0, help="bytes per PQ code (0 = automatic: 64 for MiniLM)")
     ap.add_argument("--dense-chunk-size", type=int, default=20_000, help="passages per encoded shard")
     ap.add_argument("--dense-shards", default=None, help="keep the encoded shards here (default: the temp dir)")
+    ap.add_argument("--dense-encoder", default="", help="the encoder's directory (default: all-MiniLM-L6-v2's package)")
 
 
 def dense_texts(root: Path, n: int) -> tuple[list[str], int]:
@@ -69,7 +70,7 @@ def dense_section(work: Path, args, state: dict) -> dict:
     root = _shared_root()
     texts, synthesized = dense_texts(root, args.dense_passages)
     queries = _queries(root, args.dense_queries)
-    enc = Encoder("")
+    enc = Encoder(args.dense_encoder)
     if enc.device == "cpu":
         use_all_cores()
     shard_dir = Path(args.dense_shards) if args.dense_shards else work / "dense_shards"
