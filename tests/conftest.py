@@ -31,6 +31,14 @@ def _loopback_only(sock, address):
 
 socket.socket.connect = _loopback_only
 
+
+def pytest_collection_modifyitems(config, items):
+    """Tests on the real SmolLM2 weights are slow: importing the GGUF takes ~60 s once a session, more
+    than the rest of the default suite's slowest fixtures together. They run in `make test-slow`."""
+    for item in items:
+        if "smollm2_runs" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.slow)
+
 TINY_WORLD = dict(
     n_clusters=4,
     test_clusters=1,

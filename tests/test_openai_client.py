@@ -125,7 +125,18 @@ def test_no_key_sends_no_credentials_and_urls_and_extra_fields_pass_as_given(mon
     assert req["body"] == {"model": "m", "messages": MSG, "top_k": 5, "repetition_penalty": 1.1}  # None: left out
 
 
-def test_ctrl_c_cancels_the_requests_in_flight():
+@pytest.fixture
+def ctrl_c_raises():
+    """Ctrl-C as a terminal delivers it: Python's default handler, SIGINT not blocked in the main
+    thread, whatever an earlier test in this process left (once, in CI, the signal never arrived)."""
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
+    blocked = signal.pthread_sigmask(signal.SIG_UNBLOCK, [signal.SIGINT])
+    yield
+    signal.pthread_sigmask(signal.SIG_SETMASK, blocked)
+    signal.signal(signal.SIGINT, previous)
+
+
+def test_ctrl_c_cancels_the_requests_in_flight(ctrl_c_raises):
     main = threading.get_ident()
     with (
         ChatServer(reply=echo, faults=first_n(["hang"]), hang_seconds=30) as srv,
