@@ -39,6 +39,7 @@ def pytest_collection_modifyitems(config, items):
         if "smollm2_runs" in getattr(item, "fixturenames", ()):
             item.add_marker(pytest.mark.slow)
 
+
 TINY_WORLD = dict(
     n_clusters=4,
     test_clusters=1,
