@@ -221,7 +221,7 @@ def grpo(shape: dict, device: str, runs: Path) -> dict:
 def dense(smoke: bool, work: Path, encoder: str) -> dict:
     """IVF-PQ against Flat on MiniLM vectors of 200k real passages, and E5-base-shaped encoding speed."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
-    from retrieval_scale_dense import add_arguments, dense_section, dense_texts
+    from retrieval_scale_dense import _shared_root, add_arguments, dense_section, dense_texts
 
     ap = argparse.ArgumentParser()
     add_arguments(ap)
@@ -236,12 +236,6 @@ def dense(smoke: bool, work: Path, encoder: str) -> dict:
     out["e5_base_shaped_passages_per_s"] = _e5_base_rate(texts, work / "e5-base-shaped", smoke, encoder)
     print(f"dense: {out}", flush=True)
     return out
-
-
-def _shared_root() -> Path:
-    from r3rag.data.shared import shared_data
-
-    return shared_data()
 
 
 def _e5_base_rate(texts: list[str], where: Path, smoke: bool, encoder: str) -> float:
