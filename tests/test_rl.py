@@ -312,7 +312,7 @@ def test_rl_manifest_seconds_cover_training(pipeline_runs):
 
 def test_resume_skips_a_checkpoint_whose_state_file_was_cut_short(tmp_path):
     """A kill while the Trainer writes trainer_state.json leaves it empty or partial: resume from the one before."""
-    from r3rag.stages.rl import last_complete_checkpoint
+    from r3rag.checkpoints import last_complete_checkpoint
 
     for step, state in ((2, '{"global_step": 2}'), (4, ""), (6, '{"global_st')):
         (tmp_path / f"checkpoint-{step}").mkdir()

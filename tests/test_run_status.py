@@ -1,9 +1,11 @@
 """`r3rag run FILE --status`: which stages of a pipeline or experiment are done, in progress, to
 do or waiting, found by the ids a run would compute, without building anything."""
 
+import json
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import yaml
 
 from r3rag.stages.common import NotBuilt
@@ -54,16 +56,16 @@ def test_an_experiment_variant_waits_for_the_variant_it_names(tmp_path):
     assert _status(path, runs) == want
 
 
-def test_an_rl_run_with_checkpoints_is_in_progress(tmp_path):
+@pytest.mark.parametrize("stage", ["rl", "sft"])
+def test_a_run_with_checkpoints_is_in_progress(tmp_path, stage):
     from r3rag.run_status import _unbuilt
 
-    final = tmp_path / "rl" / "x-abc"
-    missing = NotBuilt("rl", "x-abc", final, SimpleNamespace(steps=200))
+    final = tmp_path / stage / "x-abc"
+    missing = NotBuilt(stage, "x-abc", final, SimpleNamespace())
     assert _unbuilt(missing) == {"state": "to do", "detail": "x-abc"}
     for step in (40, 120, 130):
-        (tmp_path / "rl" / ".work-x-abc" / "checkpoints" / f"checkpoint-{step}").mkdir(parents=True)
+        ckpt = tmp_path / stage / ".work-x-abc" / "checkpoints" / f"checkpoint-{step}"
+        ckpt.mkdir(parents=True)
         if step != 130:  # 130: killed while saving, no trainer_state.json: a resume skips it
-            (tmp_path / "rl" / ".work-x-abc" / "checkpoints" / f"checkpoint-{step}" / "trainer_state.json").write_text(
-                "{}"
-            )
+            (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": 200}))
     assert _unbuilt(missing) == {"state": "in progress", "detail": "checkpoint at step 120 of 200"}

@@ -34,6 +34,7 @@ from pathlib import Path
 from transformers import TrainerCallback
 
 from r3rag import quiet
+from r3rag.checkpoints import step_of
 from r3rag.jsonl import read_jsonl
 
 
@@ -90,7 +91,7 @@ def seconds_before(checkpoint: str, metrics: Path) -> float:
     record = Path(checkpoint) / TrainClock.FILE
     if record.is_file():
         return float(json.loads(record.read_text())["train_seconds"])
-    return logged_seconds(metrics, int(Path(checkpoint).name.rsplit("-", 1)[1]))
+    return logged_seconds(metrics, step_of(checkpoint))
 
 
 def logged_seconds(metrics: Path, up_to_step: int) -> float:

@@ -1,8 +1,8 @@
 """`r3rag run FILE --status`: how far a pipeline or an experiment has got, building nothing.
 
 Each stage's artifact id is computed as a run would compute it (its config and its inputs'
-content), and looked up: `done` (published), `in progress` (an RL run's work folder holds a
-checkpoint: a rerun resumes from it), `to do` (the next stage to run), `waiting` (its inputs
+content), and looked up: `done` (published), `in progress` (an SFT or RL run's work folder holds
+a checkpoint: a rerun resumes from it), `to do` (the next stage to run), `waiting` (its inputs
 are not built yet, so its id is not known). A multi-day experiment (pipelines/replicate.yaml,
 three seeds a variant, resumed across sessions) shows what is left without starting it.
 
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
+from r3rag.checkpoints import last_complete_checkpoint, planned_steps, step_of
 from r3rag.errors import UserError
 from r3rag.experiment import parse_variants, variant_overrides
 from r3rag.experiment_seeds import expand_seeds
@@ -55,12 +56,10 @@ def _status_stages(path, data, stages, per_stage, runs_dir, bound) -> tuple[list
 
 
 def _unbuilt(missing: NotBuilt) -> dict:
-    """`to do`, or `in progress` where a killed RL run left checkpoints to resume from."""
-    from r3rag.stages.rl import last_complete_checkpoint, step_of  # the checkpoint a resume would use
-
+    """`to do`, or `in progress` where a killed SFT or RL run left checkpoints to resume from."""
     last = last_complete_checkpoint(missing.final.parent / f".work-{missing.id}" / "checkpoints")
     if last:
-        return {"state": "in progress", "detail": f"checkpoint at step {step_of(last)} of {missing.cfg.steps}"}
+        return {"state": "in progress", "detail": f"checkpoint at step {step_of(last)} of {planned_steps(last)}"}
     return {"state": "to do", "detail": missing.id}
 
 

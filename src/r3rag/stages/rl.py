@@ -52,6 +52,7 @@ from pathlib import Path
 from typing import Literal
 
 from r3rag.artifacts import ArtifactRef, load_manifest
+from r3rag.checkpoints import prepare_work, step_of
 from r3rag.config import unhashed
 from r3rag.errors import UserError
 from r3rag.grpo_settings import GRPOSettings, check_settings
@@ -161,49 +162,15 @@ def run(cfg: Config, ctx: Context):
 
 
 def _prepare_work(work: Path, resume: bool | str, state) -> str | None:
-    """The run's working directory (checkpoints, logs), kept across kills for --resume."""
+    """The run's working directory (checkpoints, logs), kept across kills for --resume; on resume
+    the lines logged after the checkpoint are dropped (those steps are run and logged again)."""
     from r3rag.observe import truncate_after
 
-    ckpts = work / "checkpoints"
-    last = last_complete_checkpoint(ckpts)
-    if resume == "auto":
-        resume = last is not None
-    if resume and last is None:
-        raise UserError(
-            f"rl --resume: no checkpoint in {ckpts} (nothing to resume; run without --resume, "
-            "with the same settings as the killed run)"
-        )
-    if state.is_main_process:
-        if not resume:
-            shutil.rmtree(work, ignore_errors=True)
-        work.mkdir(parents=True, exist_ok=True)
-        if resume:  # steps after the checkpoint are run (and logged) again
-            for p in ckpts.glob("checkpoint-*"):
-                if step_of(str(p)) > step_of(last):  # incomplete, or never to be reached again
-                    shutil.rmtree(p)
-            for path in [work / "metrics.jsonl", *work.glob("rollouts.rank*.jsonl")]:
-                truncate_after(path, step_of(last))
-    state.wait_for_everyone()
-    return last if resume else None
+    def trim_logs(step: int) -> None:
+        for path in [work / "metrics.jsonl", *work.glob("rollouts.rank*.jsonl")]:
+            truncate_after(path, step)
 
-
-def last_complete_checkpoint(ckpts: Path) -> str | None:
-    """The newest checkpoint-N with a whole trainer_state.json (the Trainer writes it last: a kill
-    during a save leaves a directory without it, or with the file empty or cut short, and is skipped)."""
-    done = [p for p in ckpts.glob("checkpoint-*") if _whole_json(p / "trainer_state.json")]
-    return str(max(done, key=lambda p: step_of(str(p)))) if done else None
-
-
-def _whole_json(path: Path) -> bool:
-    try:
-        json.loads(path.read_text())
-    except (OSError, ValueError):  # missing, or written in part (ValueError covers JSONDecodeError and bad UTF-8)
-        return False
-    return True
-
-
-def step_of(checkpoint: str | None) -> int:
-    return int(Path(checkpoint).name.rsplit("-", 1)[1]) if checkpoint else 0
+    return prepare_work(work, resume, "rl", state, trim_logs)
 
 
 def _start(cfg: Config, inputs):
@@ -277,8 +244,6 @@ def _trainer(cfg: Config, model, tokenizer, protocol_dict, questions, dev, input
 def _kept(cfg: Config, work: Path, last_step: int) -> dict:
     """Which weights to publish (`source`) and what the manifest says about them: the step kept and
     its dev EM, the dev EM before training and the best step's (when dev was evaluated)."""
-    import json
-
     dev_file = work / "dev.json"
     record = json.loads(dev_file.read_text()) if dev_file.is_file() else {}
     if not record:
