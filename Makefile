@@ -63,8 +63,8 @@ real-smoke: install
 # (pipelines/replicate-dev.yaml), then every row of the results table at three seeds
 # (pipelines/replicate.yaml), then its ablations (pipelines/replicate-ablations.yaml). Many hours on
 # 2 cores: each reuses every finished artifact, and a GRPO run killed midway continues from its last
-# checkpoint (rl.resume=auto), so rerunning a target resumes it.
-RESUME := --set rl.resume=auto
+# checkpoint, and so does an SFT run (sft.resume=auto, rl.resume=auto): rerunning a target resumes it.
+RESUME := --set sft.resume=auto --set rl.resume=auto
 replicate-dev: install
 	$(R3RAG) run pipelines/replicate-dev.yaml $(RESUME) $(SET)
 replicate: install

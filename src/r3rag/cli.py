@@ -86,9 +86,9 @@ def _stage_command(stage: str):
     return command
 
 
-def _rl_command():
-    """`rl` is the one stage that resumes: `--resume` is `--set resume=true`."""
-    base = _stage_command("rl")
+def _resumable_command(stage: str):
+    """`sft` and `rl` resume from checkpoints: `--resume` is `--set resume=true`."""
+    base = _stage_command(stage)
 
     def command(
         config: ConfigOpt = None,
@@ -103,8 +103,11 @@ def _rl_command():
     return command
 
 
+RESUMABLE = ("sft", "rl")  # the stages whose Trainer checkpoints a killed run resumes from
+
+
 for _stage in STAGE_ORDER:
-    _command = _rl_command() if _stage == "rl" else _stage_command(_stage)
+    _command = _resumable_command(_stage) if _stage in RESUMABLE else _stage_command(_stage)
     app.command(_stage, cls=StageCommand, short_help=STAGES[_stage])(_command)
 
 

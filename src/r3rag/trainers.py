@@ -4,7 +4,9 @@
 entropy and token accuracy; on CPU with a small vocabulary that costs ~30% of a step.
 For small vocabularies this computes the same loss (mean NLL over label != -100 tokens)
 with one plain cross-entropy, and logs token accuracy from the logits it already has.
-Large vocabularies keep TRL's chunked head, which avoids materialising the logits.
+Large vocabularies keep TRL's chunked head, which avoids materialising the logits. Its
+length-grouped sampler (`ReplayableLengthSampler`) keeps in each checkpoint the RNG state its
+epoch's order came from, so a resumed SFT run sees the orders an unbroken run sees.
 tests/test_training.py checks that its loss equals TRL's SFTTrainer loss on a padded batch.
 
 `ResumableGRPOTrainer`: TRL's GRPOTrainer whose prompt order survives a resume, and which
@@ -37,9 +39,12 @@ epoch e's order from the seed and e alone, the same orders TRL draws in an unbro
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import torch
 import torch.nn.functional as F
 from torch.utils.data import Sampler
+from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_grouped_indices
 from trl import GRPOTrainer, SFTTrainer
 
 SMALL_VOCAB = 32_768
@@ -48,6 +53,21 @@ PLAIN_KWARGS = {"batch_size", "compute_entropy", "compute_aux_loss"}
 
 
 class FastSFTTrainer(SFTTrainer):
+    resume_from: str | None = None  # the checkpoint train(resume_from_checkpoint=...) is given
+
+    def _get_train_sampler(self, train_dataset=None) -> Sampler | None:
+        sampler = super()._get_train_sampler(train_dataset)
+        if isinstance(sampler, LengthGroupedSampler):  # train_sampling_strategy="group_by_length"
+            sampler = self._length_sampler = ReplayableLengthSampler(sampler.lengths, sampler.batch_size)
+            if self.resume_from:
+                sampler.replay_from(Path(self.resume_from))
+        return sampler
+
+    def _save_rng_state(self, output_dir: str) -> None:  # part of each checkpoint
+        super()._save_rng_state(output_dir)
+        if getattr(self, "_length_sampler", None) is not None and self.is_world_process_zero():
+            self._length_sampler.save(Path(output_dir))
+
     def compute_loss(self, model, inputs, return_outputs=False, num_items_in_batch=None):
         if model.config.get_text_config().vocab_size > SMALL_VOCAB:
             return super().compute_loss(model, inputs, return_outputs, num_items_in_batch)
@@ -89,6 +109,41 @@ class EpochReplaySampler(Sampler):
 
     def __len__(self) -> int:
         return len(self.inner)
+
+
+class ReplayableLengthSampler(LengthGroupedSampler):
+    """transformers' `LengthGroupedSampler` (it deals each epoch's order from the global RNG, as
+    the stock one does) that remembers the RNG state the current epoch's order came from. The
+    Trainer restores the global RNG to the checkpoint's state only after it dealt the epoch a run
+    resumes into, so that epoch would get another order than an unbroken run's: `save` writes
+    the state into the checkpoint and `replay_from` makes that epoch draw from it again."""
+
+    FILE = "r3rag_epoch_order.pt"
+
+    def __init__(self, lengths: list[int], batch_size: int):
+        super().__init__(batch_size, lengths=lengths)
+        self.epoch, self.drawn_from, self.replay = 0, None, None
+
+    def set_epoch(self, epoch: int) -> None:  # the Trainer calls it (through accelerate) before each epoch
+        self.epoch = epoch
+
+    def __iter__(self):
+        if self.replay is None or self.replay["epoch"] != self.epoch:
+            self.drawn_from = {"epoch": self.epoch, "state": torch.get_rng_state()}
+            return super().__iter__()  # from the global RNG, advancing it as the stock sampler does
+        self.drawn_from, self.replay = self.replay, None
+        generator = torch.Generator()
+        generator.set_state(self.drawn_from["state"])
+        return iter(get_length_grouped_indices(self.lengths, self.batch_size, generator=generator))
+
+    def save(self, checkpoint: Path) -> None:
+        if self.drawn_from is not None:
+            torch.save(self.drawn_from, checkpoint / self.FILE)
+
+    def replay_from(self, checkpoint: Path) -> None:
+        """Deal the checkpoint's epoch in the order it had (a checkpoint without the file: as drawn)."""
+        if (checkpoint / self.FILE).is_file():
+            self.replay = torch.load(checkpoint / self.FILE, weights_only=True)
 
 
 class ResumableGRPOTrainer(GRPOTrainer):

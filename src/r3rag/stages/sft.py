@@ -10,6 +10,10 @@ with LoRA (`model: Qwen/Qwen2.5-3B`, `lora: true`) or fully. The policy is saved
 earlier policy's `model/` directory (`model: runs/sft/<id>/model`, its own tokenizer) continues
 it: more SFT as a control matched to GRPO's updates (`max_steps`).
 
+Checkpoints go to `runs/sft/.work-<id>/` every `save_steps` updates; `r3rag sft --resume` (or
+`resume=auto`, what the make targets pass) continues a killed run from the last one, with the
+optimizer, scheduler, RNG and data order restored: it ends where a straight run ends.
+
 Reader baselines train here too, on `r3rag synthesize --set reader=closed-book|rag|gold` data
 (the `qa` template): the loss is on the answer after the prefilled `<answer> ` and its EOS, and
 a rag or gold reader's documents are part of its prompt (r3rag.training.framed_prompt), as eval's
@@ -22,6 +26,7 @@ Usage:
     r3rag sft --set view=step
     r3rag sft --set model=runs/sft/<id>/model --set max_steps=200   # continue a policy for exactly 200 updates
     r3rag sft --set data=runs/synthesize/<a reader's id> --set limit=27000   # a reader baseline
+    r3rag sft --resume                      # continue a killed run from its last checkpoint (same settings)
 """
 
 from __future__ import annotations
@@ -34,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from r3rag.checkpoints import prepare_work, step_of
 from r3rag.config import hashed_when_set, unhashed
 from r3rag.errors import UserError
 from r3rag.jsonl import read_jsonl
@@ -71,10 +77,17 @@ class Config:
     limit: int = 0  # 0 = all trajectories
     bf16: bool | str = "auto"  # true, false or auto (bf16 where supported)
     threads: int = unhashed(0)  # CPU threads: how fast, not what is trained
+    # checkpoints in runs/sft/.work-<id>/ every N optimizer updates (0 = none): what a killed run resumes from
+    save_steps: int = unhashed(200)
+    # true: continue from the last checkpoint (an error without one); auto: continue where there is one,
+    # else start afresh (a long experiment rerun after a kill: `r3rag run ... --set sft.resume=auto`)
+    resume: bool | Literal["auto"] = unhashed(False)
     seed: int = 0  # the trajectories' order, a tiny model's initial weights, the trainer's shuffling
 
 
 def validate(cfg: Config) -> None:
+    if cfg.save_steps < 0:
+        raise UserError(f"sft.save_steps: expected 0 (no checkpoints) or a number of updates, got {cfg.save_steps}")
     if cfg.max_steps < 0:
         raise UserError(
             f"sft.max_steps: expected 0 (from epochs) or a number of optimizer updates, got {cfg.max_steps}"
@@ -89,6 +102,8 @@ def run(cfg: Config, ctx: Context):
     if writer.existing:
         return ctx.skipped(writer)
     set_threads(cfg.threads)
+    work = writer.final.parent / f".work-{writer.id}"
+    resume_from = prepare_work(work, cfg.resume, "sft", _process_state())  # before any work: a clear error
     rows = read_jsonl(inputs["data"].path / "trajectories.jsonl", required=("prompt", "turns"))
     random.Random(cfg.seed).shuffle(rows)
     rows = rows[: cfg.limit] if cfg.limit else rows
@@ -99,8 +114,8 @@ def run(cfg: Config, ctx: Context):
 
     require_chat_template(Protocol(**protocol), tokenizer, "sft")
     with writer:
-        t0 = time.time()
-        stats = train_sft(model, tokenizer, rows, cfg, writer.dir / "checkpoints", ctx, Protocol(**protocol))
+        stats = train_sft(model, tokenizer, rows, cfg, work, ctx, Protocol(**protocol), resume_from)
+        writer.started = time.time() - stats["train_seconds"]  # every leg of a resumed run
         save_policy(
             stats.pop("model"),
             tokenizer,
@@ -108,9 +123,18 @@ def run(cfg: Config, ctx: Context):
             protocol,
             f"base:{inputs['base'].id}" if "base" in inputs else model_location(cfg.model, inputs),
         )
-        shutil.rmtree(writer.dir / "checkpoints", ignore_errors=True)
-        writer.metrics.update({**stats, "train_seconds": round(time.time() - t0, 1), "trajectories": len(rows)})
+        writer.metrics.update({**stats, "trajectories": len(rows)})
+    shutil.rmtree(work, ignore_errors=True)
     return ctx.done(writer)
+
+
+def _process_state():
+    """accelerate's view of this process (one, or one of `accelerate launch`'s; on CPU only
+    cpu=True joins the gloo group), for the work folder's main-process-only file work."""
+    import torch
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())
 
 
 def _base_model(cfg: Config, inputs, rows):
@@ -161,11 +185,13 @@ def _policy_model_dir(location: str) -> str:
     return str(policy / "model") if (policy / "policy.json").is_file() else location
 
 
-def train_sft(model, tokenizer, rows, cfg: Config, out_dir, ctx: Context, protocol=None) -> dict:
+def train_sft(model, tokenizer, rows, cfg: Config, work: Path, ctx: Context, protocol=None, resume_from=None) -> dict:
+    """Train on `rows`; checkpoints go to `work`/checkpoints, and `resume_from` (a checkpoint there)
+    continues a killed run: weights, optimizer, scheduler, RNG and the data order as they were."""
     from datasets import Dataset
     from trl import SFTConfig
 
-    from r3rag.observe import show_progress
+    from r3rag.observe import TrainClock, show_progress
     from r3rag.trainers import FastSFTTrainer
     from r3rag.training import checkpointing_flag, device_flags
 
@@ -175,7 +201,7 @@ def train_sft(model, tokenizer, rows, cfg: Config, out_dir, ctx: Context, protoc
         encoded = [tokenize_trajectory(r, tokenizer, cfg.max_length, protocol) for r in rows]
     ds = Dataset.from_dict({"input_ids": [e[0] for e in encoded], "labels": [e[1] for e in encoded]})
     args = SFTConfig(
-        output_dir=str(out_dir),
+        output_dir=str(Path(work) / "checkpoints"),
         num_train_epochs=cfg.epochs,
         max_steps=cfg.max_steps or -1,  # transformers: -1 = from the epochs, N > 0 wins over them
         per_device_train_batch_size=cfg.batch_size,
@@ -185,7 +211,9 @@ def train_sft(model, tokenizer, rows, cfg: Config, out_dir, ctx: Context, protoc
         warmup_steps=cfg.warmup_ratio,
         weight_decay=cfg.weight_decay,
         logging_steps=20,
-        save_strategy="no",
+        save_strategy="steps" if cfg.save_steps else "no",
+        save_steps=cfg.save_steps or 500,  # (unused when save_strategy is "no")
+        save_total_limit=2,  # the newest, and the one before in case a kill cuts the newest short
         report_to=[],
         seed=cfg.seed,
         max_length=cfg.max_length,
@@ -197,7 +225,10 @@ def train_sft(model, tokenizer, rows, cfg: Config, out_dir, ctx: Context, protoc
     )
     trainer = FastSFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tokenizer)
     show_progress(trainer, "sft", ctx.console)
-    result = trainer.train()
+    clock = TrainClock(resume_from, Path(work) / "metrics.jsonl")  # SFT logs none: a checkpoint's record or 0
+    trainer.add_callback(clock)
+    trainer.resume_from = resume_from  # the epoch order it resumes into (r3rag.trainers.ReplayableLengthSampler)
+    result = trainer.train(resume_from_checkpoint=resume_from)
     n_tokens = sum(len(e[0]) for e in encoded)
     epochs = _epochs_trained(cfg, result.global_step, len(encoded))
     return {
@@ -207,7 +238,10 @@ def train_sft(model, tokenizer, rows, cfg: Config, out_dir, ctx: Context, protoc
         "tokens_per_epoch": n_tokens,
         "steps": result.global_step,
         "epochs_trained": round(epochs, 4),
-        "tokens_per_second": round(n_tokens * epochs / max(result.metrics["train_runtime"], 1e-9), 1),
+        "tokens_per_second": round(n_tokens * epochs / max(clock.seconds(), 1e-9), 1),
+        "train_seconds": round(clock.seconds(), 1),
+        "train_seconds_before_resume": round(clock.before, 1),
+        "resumed_from_step": step_of(resume_from),
         "parameters": sum(p.numel() for p in trainer.model.parameters()),
     }
 
