@@ -51,6 +51,16 @@ TINY_WORLD = dict(
 )
 
 
+def build_teacher_data(runs, *world_sets: str) -> dict:
+    """world (TINY_WORLD), its BM25 index and oracle teacher trajectories in `runs`: what an SFT needs."""
+    from r3rag.pipeline import run_stage
+
+    refs = {"world": run_stage("world", None, [*(f"{k}={v}" for k, v in TINY_WORLD.items()), *world_sets], runs)}
+    refs["index"] = run_stage("index", None, [], runs)
+    refs["synthesize"] = run_stage("synthesize", None, ["template=minimal", "doc_style=plain"], runs)
+    return refs
+
+
 @pytest.fixture(scope="session")
 def shared_root():
     """../shared/data (or $R3RAG_DATA); tests that need real data skip with one line without it."""
@@ -78,10 +88,7 @@ def pipeline_runs(tmp_path_factory):
     from r3rag.pipeline import run_stage
 
     runs = tmp_path_factory.mktemp("runs")
-    refs = {}
-    refs["world"] = run_stage("world", None, [f"{k}={v}" for k, v in TINY_WORLD.items()], runs)
-    refs["index"] = run_stage("index", None, [], runs)
-    refs["synthesize"] = run_stage("synthesize", None, ["template=minimal", "doc_style=plain"], runs)
+    refs = build_teacher_data(runs)
     refs["sft"] = run_stage(
         "sft",
         None,

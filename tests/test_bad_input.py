@@ -18,7 +18,7 @@ import pytest
 
 from r3rag.artifacts import ArtifactWriter, list_artifacts
 from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
-from tests.conftest import TINY_WORLD
+from tests.conftest import TINY_WORLD, build_teacher_data
 
 BIG = 10 * 1024 * 1024  # the "10 MB single line"
 
@@ -27,12 +27,9 @@ BIG = 10 * 1024 * 1024  # the "10 MB single line"
 def base(tmp_path_factory):
     """A runs dir with real world, index and synthesize artifacts and small fake sft/eval ones
     (resolving an input only reads its manifest and hashes its files: no training needed)."""
-    from r3rag.pipeline import run_stage
 
     runs = tmp_path_factory.mktemp("base") / "runs"
-    run_stage("world", None, [f"{k}={v}" for k, v in TINY_WORLD.items()], runs)
-    run_stage("index", None, [], runs)
-    run_stage("synthesize", None, ["template=minimal", "doc_style=plain"], runs)
+    build_teacher_data(runs)
     with ArtifactWriter("sft", "fake", {"model": "tiny"}, {}, runs) as w:
         (w.dir / "model").mkdir()
         (w.dir / "model" / "config.json").write_text("{}")

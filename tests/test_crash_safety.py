@@ -29,7 +29,7 @@ import pytest
 
 from r3rag.artifacts import ArtifactWriter, list_artifacts, resolve
 from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
-from tests.conftest import TINY_WORLD
+from tests.conftest import TINY_WORLD, build_teacher_data
 
 SFT_TINY = ["layers=1", "hidden=32", "heads=2", "intermediate=64", "epochs=1", "batch_size=16", "lr=1e-2", "bf16=false"]
 
@@ -171,13 +171,10 @@ def test_sigkill_index_at_random_points(tmp_path):
 
 @pytest.mark.slow
 def test_sigkill_sft_at_random_points(tmp_path):
-    from r3rag.pipeline import run_stage
 
     rng = random.Random(8)
     runs = tmp_path / "runs"
-    run_stage("world", None, [f"{k}={v}" for k, v in TINY_WORLD.items()], runs)
-    run_stage("index", None, [], runs)
-    run_stage("synthesize", None, ["template=minimal", "doc_style=plain"], runs)
+    build_teacher_data(runs)
     cmd = cli("sft", "--runs-dir", str(runs), *[a for s in SFT_TINY for a in ("--set", s)])
     result = kill_rounds(cmd, runs, "sft", [rng.uniform(0, 3.0) for _ in range(2)])  # training takes ~4 s here
     assert "killed" in result["outcomes"], result["outcomes"]

@@ -9,16 +9,14 @@ import json
 import pytest
 
 from r3rag.pipeline import run_stage
-from tests.conftest import TINY_WORLD
+from tests.conftest import TINY_WORLD, build_teacher_data
 
 SFT = ["layers=1", "hidden=32", "heads=2", "intermediate=64", "epochs=1", "batch_size=16", "lr=1e-2", "bf16=false"]
 EVAL = ["systems=[sft,tt]", "models.tt.scripted=top-title", "rl=", "limit=12", "max_turns=3", "max_new_tokens=16"]
 
 
 def pipeline(runs, seed: int) -> dict:
-    refs = {"world": run_stage("world", None, [f"{k}={v}" for k, v in TINY_WORLD.items()] + [f"seed={seed}"], runs)}
-    refs["index"] = run_stage("index", None, [], runs)
-    refs["synthesize"] = run_stage("synthesize", None, ["template=minimal", "doc_style=plain"], runs)
+    refs = build_teacher_data(runs, f"seed={seed}")
     refs["sft"] = run_stage("sft", None, SFT, runs)
     refs["eval"] = run_stage("eval", None, EVAL, runs)
     return refs

@@ -9,7 +9,7 @@ from r3rag.jsonl import read_jsonl
 from r3rag.pipeline import run_stage
 from r3rag.protocol import Protocol
 from tests.chat_server import ChatServer
-from tests.conftest import TINY_WORLD
+from tests.conftest import build_teacher_data
 from tests.world_teacher import WorldTeacher, question_of
 
 TINY_SFT = ["layers=1", "hidden=32", "heads=2", "intermediate=64", "bf16=false", "lr=1e-2"]
@@ -18,9 +18,7 @@ TINY_SFT = ["layers=1", "hidden=32", "heads=2", "intermediate=64", "bf16=false",
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     runs = tmp_path_factory.mktemp("controls-runs")
-    run_stage("world", None, [f"{k}={v}" for k, v in TINY_WORLD.items()], runs)
-    run_stage("index", None, [], runs)
-    run_stage("synthesize", None, ["template=minimal", "doc_style=plain"], runs)
+    build_teacher_data(runs)
     return runs
 
 

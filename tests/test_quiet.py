@@ -18,7 +18,7 @@ import sys
 import pytest
 
 from r3rag.quiet import LIBRARY_ENV
-from tests.conftest import TINY_WORLD
+from tests.conftest import build_teacher_data
 
 # What the libraries print on their own: transformers' weight bars, datasets' map bars
 # ("Truncating train dataset ... examples/s"), the Trainer's tqdm ("it/s"), TRL's FutureWarnings.
@@ -116,9 +116,7 @@ def sft_runs(tmp_path_factory):
     from r3rag.pipeline import run_stage
 
     runs = tmp_path_factory.mktemp("quiet") / "runs"
-    run_stage("world", None, [f"{k}={v}" for k, v in TINY_WORLD.items()], runs)
-    run_stage("index", None, [], runs)
-    run_stage("synthesize", None, ["template=minimal", "doc_style=plain"], runs)
+    build_teacher_data(runs)
     run_stage("sft", None, TINY_SFT, runs)
     return runs
 

@@ -240,12 +240,10 @@ def searching_policy(tmp_path_factory):
     """A runs dir whose SFT policy searches often enough (2 layers, 10 epochs: ~15 s) that GRPO
     groups differ in reward, so the loss is not 0 and the weights move."""
     from r3rag.pipeline import run_stage
-    from tests.conftest import TINY_WORLD
+    from tests.conftest import build_teacher_data
 
     runs = tmp_path_factory.mktemp("resume") / "runs"
-    run_stage("world", None, [f"{k}={v}" for k, v in TINY_WORLD.items()], runs)
-    run_stage("index", None, [], runs)
-    run_stage("synthesize", None, ["template=minimal", "doc_style=plain"], runs)
+    build_teacher_data(runs)
     run_stage(
         "sft",
         None,

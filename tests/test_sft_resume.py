@@ -6,7 +6,7 @@ import torch
 
 from r3rag.pipeline import run_stage
 from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
-from tests.conftest import TINY_WORLD
+from tests.conftest import build_teacher_data
 
 # 48 trajectories, 8 a batch, 2 epochs: 12 updates, 6 an epoch; a checkpoint every 3
 TINY = ["layers=1", "hidden=32", "heads=2", "intermediate=64", "bf16=false", "lr=1e-2"]
@@ -20,9 +20,7 @@ class _Killed(Exception):
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory):
     runs = tmp_path_factory.mktemp("sft-resume-runs")
-    run_stage("world", None, [f"{k}={v}" for k, v in TINY_WORLD.items()], runs)
-    run_stage("index", None, [], runs)
-    run_stage("synthesize", None, ["template=minimal", "doc_style=plain"], runs)
+    build_teacher_data(runs)
     return runs
 
 
