@@ -61,6 +61,7 @@ def test_a_resumed_sft_run_ends_where_a_straight_run_ends(runs, monkeypatch, kil
     m = resumed.manifest["metrics"]
     assert m["resumed_from_step"] == killed_at and m["steps"] == straight.manifest["metrics"]["steps"] == 12
     assert 0 < m["train_seconds_before_resume"] < m["train_seconds"]  # the killed leg counts
+    assert resumed.manifest["seconds"] >= m["train_seconds"] - 0.05  # and the stage's time covers it
     assert not work.exists()  # the checkpoints go once the policy is published
     a, b = _weights(straight), _weights(resumed)
     assert a.keys() == b.keys()

@@ -114,8 +114,9 @@ def run(cfg: Config, ctx: Context):
 
     require_chat_template(Protocol(**protocol), tokenizer, "sft")
     with writer:
+        t0 = time.time()
         stats = train_sft(model, tokenizer, rows, cfg, work, ctx, Protocol(**protocol), resume_from)
-        writer.started = time.time() - stats["train_seconds"]  # every leg of a resumed run
+        writer.started = t0 - stats["train_seconds_before_resume"]  # the killed legs' training counts too
         save_policy(
             stats.pop("model"),
             tokenizer,
