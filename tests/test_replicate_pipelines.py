@@ -34,7 +34,8 @@ def test_the_fresh_seed_was_never_used_and_runs_last():
 
 def test_readers_train_on_the_cold_starts_questions_and_budget():
     """A reader variant changes only what makes it a reader: the teacher data's framing (reader,
-    template, top_k) and what eval runs; the questions, trajectory count and epochs are the cold start's."""
+    template, top_k), its start (the same seed's and world's cold-start policy) and what eval runs;
+    the questions, trajectory count, epochs and lr are the cold start's."""
     p = _load_pipeline(PIPELINES / "replicate.yaml")
     readers = {n: v for n, v in p["variants"].items() if "synthesize.reader" in _sets(v)}
     assert {_sets(v)["synthesize.reader"] for v in readers.values()} == {"closed-book", "rag", "gold"}
@@ -44,11 +45,14 @@ def test_readers_train_on_the_cold_starts_questions_and_budget():
             "synthesize.reader",
             "synthesize.template",
             "synthesize.top_k",
+            "sft.model",
             "eval.systems",
             "eval.top_k",
             "eval.rl",
         }, name
         assert _sets(v)["synthesize.template"] == "qa"
+        cold_start = "fresh" if "world.seed" in _sets(v) else "main"  # world seed 2's own cold start
+        assert _sets(v)["sft.model"] == f"${{{cold_start}.sft}}/model", name
         if _sets(v)["synthesize.reader"] == "rag":  # trained at the depth it is evaluated at
             assert _sets(v)["synthesize.top_k"] == _sets(v)["eval.top_k"]
     depths = {int(_sets(v)["eval.top_k"]) for v in readers.values() if "eval.top_k" in _sets(v)}
