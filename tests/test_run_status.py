@@ -68,4 +68,34 @@ def test_a_run_with_checkpoints_is_in_progress(tmp_path, stage):
         ckpt.mkdir(parents=True)
         if step != 130:  # 130: killed while saving, no trainer_state.json: a resume skips it
             (ckpt / "trainer_state.json").write_text(json.dumps({"global_step": step, "max_steps": 200}))
-    assert _unbuilt(missing) == {"state": "in progress", "detail": "checkpoint at step 120 of 200"}
+    assert _unbuilt(missing) == {"state": "in progress", "detail": "checkpoint at step 120 of 200", "done_share": 0.6}
+
+
+def test_time_left_counts_each_left_stage_by_the_same_stage_at_another_seed():
+    """main#s1 takes what main#s0 took; a checkpointed run the part left; dev's sft is main's
+    artifact at seed 0, so dev#s1's is main#s1's and counts nothing; no sibling, no figure."""
+    from r3rag.run_status import time_left
+
+    def row(stage, state, detail="", **extra):
+        return {"stage": stage, "state": state, "detail": detail, **extra}
+
+    rows = [
+        row("main#s0: sft", "done", "sft-a", seconds=1000.0),
+        row("main#s0: rl", "done", "rl-a", seconds=3000.0),
+        row("dev#s0: sft", "done", "sft-a", seconds=1000.0),
+        row("dev#s0: eval", "done", "eval-d", seconds=60.0),
+        row("fresh#s0: world", "to do", "world-f"),
+        row("main#s1: sft", "done", "sft-b", seconds=1100.0),
+        row("main#s1: rl", "in progress", "checkpoint at step 150 of 200", done_share=0.75),
+        row("dev#s1: sft", "done", "sft-b", seconds=1100.0),
+        row("dev#s1: eval", "waiting"),
+        row("main#s2: sft", "to do", "sft-c"),
+        row("main#s2: rl", "waiting"),
+        row("dev#s2: sft", "waiting"),
+        row("dev#s2: eval", "waiting"),
+    ]
+    seconds, unknown = time_left(rows)
+    # main#s1 rl: 3000 x 0.25; main#s2 sft: median(1000, 1100) = 1050; main#s2 rl: 3000;
+    # dev#s1 eval and dev#s2 eval: 60 each; dev#s2 sft: main#s2's artifact; fresh#s0 world: no sibling
+    assert seconds == pytest.approx(750 + 1050 + 3000 + 60 + 60)
+    assert unknown == 1

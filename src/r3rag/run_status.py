@@ -4,7 +4,10 @@ Each stage's artifact id is computed as a run would compute it (its config and i
 content), and looked up: `done` (published), `in progress` (an SFT or RL run's work folder holds
 a checkpoint: a rerun resumes from it), `to do` (the next stage to run), `waiting` (its inputs
 are not built yet, so its id is not known). A multi-day experiment (pipelines/replicate.yaml,
-three seeds a variant, resumed across sessions) shows what is left without starting it.
+three seeds a variant, resumed across sessions) shows what is left without starting it, and
+`time_left` estimates how long that is: each left stage of variant V at one seed takes what V's
+same stage took at another seed (its manifest's seconds), a checkpointed one the part still to
+run, and one that another variant builds too (the same artifact at the seeds that finished) nothing.
 
 Usage:
     r3rag run pipelines/replicate.yaml --status
@@ -13,6 +16,7 @@ Usage:
 
 from __future__ import annotations
 
+import statistics
 from pathlib import Path
 
 from r3rag.checkpoints import last_complete_checkpoint, planned_steps, step_of
@@ -51,16 +55,57 @@ def _status_stages(path, data, stages, per_stage, runs_dir, bound) -> tuple[list
             rows.append({"stage": stage, **_unbuilt(missing)})
             rows += [{"stage": s, "state": "waiting", "detail": ""} for s in stages[i + 1 :]]
             return rows, bound
-        rows.append({"stage": stage, "state": "done", "detail": bound[stage].id})
+        rows.append({"stage": stage, "state": "done", "detail": bound[stage].id, "seconds": _seconds(bound[stage])})
     return rows, bound
+
+
+def _seconds(ref) -> float | None:
+    return ref.manifest.get("seconds")
 
 
 def _unbuilt(missing: NotBuilt) -> dict:
     """`to do`, or `in progress` where a killed SFT or RL run left checkpoints to resume from."""
     last = last_complete_checkpoint(missing.final.parent / f".work-{missing.id}" / "checkpoints")
     if last:
-        return {"state": "in progress", "detail": f"checkpoint at step {step_of(last)} of {planned_steps(last)}"}
+        done, planned = step_of(last), planned_steps(last)
+        return {
+            "state": "in progress",
+            "detail": f"checkpoint at step {done} of {planned}",
+            "done_share": done / planned,
+        }
     return {"state": "to do", "detail": missing.id}
+
+
+def time_left(rows: list[dict]) -> tuple[float, int]:
+    """(seconds the stages not done should take, how many of them have no estimate), from the
+    same variant's same stage at the seeds where it is done (the median of their seconds)."""
+    parsed = [(_parts(r["stage"]), r) for r in rows]
+    first_builder: dict[tuple, str] = {}  # (seed, stage, artifact id) -> the first variant whose row has it
+    for (variant, seed, stage), r in parsed:
+        if r["state"] == "done":
+            first_builder.setdefault((seed, stage, r["detail"]), variant)
+    seconds, unknown = 0.0, 0
+    for (variant, seed, stage), r in parsed:
+        if r["state"] == "done":
+            continue
+        siblings = [  # (seed, row): this variant's same stage, done at another seed
+            (sd, d) for (v, sd, st), d in parsed if (v, st) == (variant, stage) and sd != seed and d["state"] == "done"
+        ]
+        if any(first_builder[(sd, stage, d["detail"])] != variant for sd, d in siblings):
+            continue  # another variant built it at those seeds: it does here too, and is counted there
+        figures = [d["seconds"] for _, d in siblings if d.get("seconds") is not None]
+        if not figures:
+            unknown += 1
+            continue
+        seconds += statistics.median(figures) * (1 - r.get("done_share", 0.0))
+    return seconds, unknown
+
+
+def _parts(row_stage: str) -> tuple[str, str, str]:
+    """ "main#s1: sft" -> ("main", "s1", "sft"); "bm25: index" -> ("bm25", "", "index"); "sft" -> ("", "", "sft")."""
+    name, _, stage = row_stage.rpartition(": ")
+    variant, _, seed = name.partition("#")
+    return variant, seed, stage
 
 
 def print_status(rows: list[dict], path: Path) -> None:
@@ -77,3 +122,7 @@ def print_status(rows: list[dict], path: Path) -> None:
     console.print(table)
     counts = {s: sum(r["state"] == s for r in rows) for s in style}
     console.print(", ".join(f"{n} {s}" for s, n in counts.items()) + f" (of {len(rows)} stages)")
+    if counts["done"] < len(rows):
+        seconds, unknown = time_left(rows)
+        guess = f"~{seconds / 3600:.1f} h left, by the same stages' times at other seeds"
+        console.print(guess + (f"; {unknown} stages have no such figure yet (not counted)" if unknown else ""))
