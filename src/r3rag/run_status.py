@@ -71,7 +71,7 @@ def _unbuilt(missing: NotBuilt) -> dict:
         return {
             "state": "in progress",
             "detail": f"checkpoint at step {done} of {planned}",
-            "done_share": done / planned,
+            "done_share": done / planned if planned else 0.0,
         }
     return {"state": "to do", "detail": missing.id}
 
