@@ -99,3 +99,11 @@ def test_time_left_counts_each_left_stage_by_the_same_stage_at_another_seed():
     # dev#s1 eval and dev#s2 eval: 60 each; dev#s2 sft: main#s2's artifact; fresh#s0 world: no sibling
     assert seconds == pytest.approx(750 + 1050 + 3000 + 60 + 60)
     assert unknown == 1
+
+
+def test_a_stage_is_timed_by_its_own_wall_seconds_where_its_manifest_timed_only_publishing():
+    from r3rag.run_status import _seconds
+
+    assert _seconds(SimpleNamespace(manifest={"seconds": 1.3, "metrics": {"wall_seconds": 1305.7}})) == 1305.7
+    assert _seconds(SimpleNamespace(manifest={"seconds": 840.0, "metrics": {"steps": 200}})) == 840.0
+    assert _seconds(SimpleNamespace(manifest={})) is None

@@ -97,6 +97,7 @@ def test_openai_teacher_with_faults_every_question_once(runs, monkeypatch):
     assert (m["accepted"], m["rejected"]) == (len(accepted), len(rejected)) == (12, 2)
     assert m["rejected_by_reason"] == {"teacher_error:http_500": 1, "wrong_answer": 1}
     assert m["accepted_at_attempt"] == {"1": 10, "2": 2} and m["tokens_in"] > 0 and m["tokens_out"] > 0
+    assert ref.manifest["seconds"] >= m["wall_seconds"] > 1  # the stage's time covers the teacher's (a hang)
     assert srv.requests[0]["headers"]["Authorization"] == f"Bearer {SECRET}"
     for p in ref.path.rglob("*"):  # the key reaches no artifact file
         assert SECRET not in p.read_text(), p

@@ -60,7 +60,11 @@ def _status_stages(path, data, stages, per_stage, runs_dir, bound) -> tuple[list
 
 
 def _seconds(ref) -> float | None:
-    return ref.manifest.get("seconds")
+    """The stage's time: its manifest's seconds, or its own `wall_seconds` where larger (synthesize
+    artifacts published before their seconds covered the teacher's work timed only the publishing)."""
+    figures = [ref.manifest.get("seconds"), ref.manifest.get("metrics", {}).get("wall_seconds")]
+    figures = [f for f in figures if isinstance(f, (int, float))]
+    return max(figures) if figures else None
 
 
 def _unbuilt(missing: NotBuilt) -> dict:

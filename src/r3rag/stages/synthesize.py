@@ -139,6 +139,7 @@ def run(cfg: Config, ctx: Context):
                 f"every attempt is in {journal.path})"
             )
         with writer:
+            writer.started = t0  # the manifest's seconds cover the teacher's work, not only the publishing
             order = {q["id"]: i for i, q in enumerate(q for _, qs, _ in sources for q in qs)}
             rows = sorted(rows, key=lambda r: order.get(r["id"], len(order)))  # the same files after a resume
             accepted = [t for r in rows if r["status"] == "accepted" for t in trajectory_rows(r)]
