@@ -168,6 +168,22 @@ def test_train_minutes_follow_a_model_another_variant_trained(tmp_path):
     )
 
 
+def test_train_minutes_count_samples_drawn_from_a_policy_not_a_teachers():
+    """Rejection sampling's samples (synthesize.teacher=hf) are part of that control's training."""
+    from types import SimpleNamespace
+
+    from r3rag.results_table import train_seconds
+
+    sft = SimpleNamespace(manifest={"id": "s-1", "seconds": 800.0, "config": {"model": "tiny"}})
+
+    def sampled(teacher):  # published before its seconds covered the sampling: wall_seconds holds it
+        m = {"id": "y-1", "seconds": 1.3, "metrics": {"wall_seconds": 1300.0}, "config": {"teacher": teacher}}
+        return SimpleNamespace(manifest=m)
+
+    assert train_seconds("sft", {"synthesize": sampled("hf"), "sft": sft}) == 2100.0
+    assert train_seconds("sft", {"synthesize": sampled("oracle"), "sft": sft}) == 800.0
+
+
 def test_a_seeded_experiment_trains_each_seed_and_reports_mean_and_sd(tmp_path):
     """`seeds:` runs the cold start once per seed (its world, index and teacher data shared) and
     the table row is over seeds."""

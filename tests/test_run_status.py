@@ -102,8 +102,8 @@ def test_time_left_counts_each_left_stage_by_the_same_stage_at_another_seed():
 
 
 def test_a_stage_is_timed_by_its_own_wall_seconds_where_its_manifest_timed_only_publishing():
-    from r3rag.run_status import _seconds
+    from r3rag.artifacts import built_seconds
 
-    assert _seconds(SimpleNamespace(manifest={"seconds": 1.3, "metrics": {"wall_seconds": 1305.7}})) == 1305.7
-    assert _seconds(SimpleNamespace(manifest={"seconds": 840.0, "metrics": {"steps": 200}})) == 840.0
-    assert _seconds(SimpleNamespace(manifest={})) is None
+    assert built_seconds({"seconds": 1.3, "metrics": {"wall_seconds": 1305.7}}) == 1305.7
+    assert built_seconds({"seconds": 840.0, "metrics": {"steps": 200}}) == 840.0
+    assert built_seconds({}) is None

@@ -101,6 +101,14 @@ def load_manifest(path: Path) -> dict | None:
     return m if ok else None
 
 
+def built_seconds(manifest: dict) -> float | None:
+    """How long the artifact took to build: its `seconds`, or its own `wall_seconds` metric where
+    larger (synthesize artifacts published before 2026-12-02 timed only their publishing)."""
+    figures = [manifest.get("seconds"), (manifest.get("metrics") or {}).get("wall_seconds")]
+    figures = [f for f in figures if isinstance(f, (int, float))]
+    return max(figures) if figures else None
+
+
 def check_name(name: str) -> str:
     """Artifact names become directory names: no path separators, no hidden or huge names."""
     if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]{0,63}", name or ""):

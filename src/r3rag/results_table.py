@@ -15,7 +15,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from r3rag.artifacts import load_manifest
+from r3rag.artifacts import built_seconds, load_manifest
 from r3rag.errors import UserError
 from r3rag.eval_tables import em_by_question
 from r3rag.jsonl import read_jsonl
@@ -88,13 +88,16 @@ def question_em(eval_dir: Path, system: str) -> dict[str, float]:
 def train_seconds(system: str, refs: dict) -> float:
     """The policy's own training: base + sft (+ rl for the RL policy), as recorded when built,
     plus a model another variant trained that a stage starts from through a path
-    (`rl.model=${lora.base}/model`)."""
+    (`rl.model=${lora.base}/model`), plus teacher data sampled from a policy (`synthesize.teacher=hf`:
+    rejection sampling's samples are part of its training, as GRPO's rollouts are of GRPO's)."""
     stages = TRAINED if system.split("@")[0] == "rl" else ("base", "sft")
     used = [(refs[s].manifest, getattr(refs[s], "path", None)) for s in stages if s in refs]
+    if "synthesize" in refs and (refs["synthesize"].manifest.get("config") or {}).get("teacher") == "hf":
+        used.append((refs["synthesize"].manifest, None))
     trained = {m.get("id"): (m, path) for m, path in used}  # by id: a model reached both ways counts once
     for found in filter(None, (_model_artifact(m) for m, _ in used)):
         trained.setdefault(found[0].get("id"), found)
-    return round(sum(m.get("seconds", 0.0) + _legacy_resume_seconds(m, path) for m, path in trained.values()), 1)
+    return round(sum((built_seconds(m) or 0.0) + _legacy_resume_seconds(m, path) for m, path in trained.values()), 1)
 
 
 def _model_artifact(manifest: dict) -> tuple[dict, Path] | None:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
+from r3rag.artifacts import built_seconds
 from r3rag.checkpoints import last_complete_checkpoint, planned_steps, step_of
 from r3rag.errors import UserError
 from r3rag.experiment import parse_variants, variant_overrides
@@ -55,16 +56,15 @@ def _status_stages(path, data, stages, per_stage, runs_dir, bound) -> tuple[list
             rows.append({"stage": stage, **_unbuilt(missing)})
             rows += [{"stage": s, "state": "waiting", "detail": ""} for s in stages[i + 1 :]]
             return rows, bound
-        rows.append({"stage": stage, "state": "done", "detail": bound[stage].id, "seconds": _seconds(bound[stage])})
+        rows.append(
+            {
+                "stage": stage,
+                "state": "done",
+                "detail": bound[stage].id,
+                "seconds": built_seconds(bound[stage].manifest),
+            }
+        )
     return rows, bound
-
-
-def _seconds(ref) -> float | None:
-    """The stage's time: its manifest's seconds, or its own `wall_seconds` where larger (synthesize
-    artifacts published before their seconds covered the teacher's work timed only the publishing)."""
-    figures = [ref.manifest.get("seconds"), ref.manifest.get("metrics", {}).get("wall_seconds")]
-    figures = [f for f in figures if isinstance(f, (int, float))]
-    return max(figures) if figures else None
 
 
 def _unbuilt(missing: NotBuilt) -> dict:
