@@ -201,6 +201,15 @@ def _question(row: dict, where: str) -> dict:
     return {**row, "id": str(qid), "question": question, "golden_answers": answers, "metadata": meta}
 
 
+def process_state():
+    """accelerate's view of this process: the only one, or one of `accelerate launch`'s (on CPU only
+    cpu=True joins the gloo group). Training stages do their work folder's file work on the main one."""
+    import torch  # here, not at the top, as in set_threads
+    from accelerate import PartialState
+
+    return PartialState(cpu=not torch.cuda.is_available())
+
+
 def set_threads(n: int) -> None:
     """CPU threads for torch; 0 = leave torch's default."""
     if n > 0:

@@ -67,6 +67,7 @@ from r3rag.stages.common import (
     add_model_input,
     load_questions,
     model_location,
+    process_state,
     resolve_inputs,
     set_threads,
 )
@@ -106,8 +107,6 @@ def validate(cfg: Config) -> None:
 
 
 def run(cfg: Config, ctx: Context):
-    from accelerate import PartialState
-
     validate(cfg)
     skip = {"index"} if is_url(cfg.retriever) else set()
     skip |= {"policy"} if cfg.model else set()
@@ -121,10 +120,7 @@ def run(cfg: Config, ctx: Context):
     from r3rag.grpo import resolve_vllm
 
     backend = resolve_vllm(cfg.vllm)  # a clear error before any work when vLLM is asked for and missing
-    import torch
-
-    # One process, or one of `accelerate launch`'s; on CPU only cpu=True joins the gloo group.
-    state = PartialState(cpu=not torch.cuda.is_available())
+    state = process_state()
     dev = _dev_questions(cfg, inputs)  # a missing dev split fails before any work
     work = writer.final.parent / f".work-{writer.id}"
     resume_from = _prepare_work(work, cfg.resume, state)
