@@ -43,7 +43,14 @@ from r3rag.checkpoints import prepare_work, step_of
 from r3rag.config import hashed_when_set, unhashed
 from r3rag.errors import UserError
 from r3rag.jsonl import read_jsonl
-from r3rag.stages.common import Context, add_model_input, model_location, resolve_inputs, set_threads
+from r3rag.stages.common import (
+    Context,
+    add_model_input,
+    model_location,
+    process_state,
+    resolve_inputs,
+    set_threads,
+)
 from r3rag.training import LoraSettings, save_policy, tokenize_steps, tokenize_trajectory
 
 INPUTS = {"data": "synthesize", "world": "world", "base": "base"}
@@ -103,7 +110,7 @@ def run(cfg: Config, ctx: Context):
         return ctx.skipped(writer)
     set_threads(cfg.threads)
     work = writer.final.parent / f".work-{writer.id}"
-    resume_from = prepare_work(work, cfg.resume, "sft", _process_state())  # before any work: a clear error
+    resume_from = prepare_work(work, cfg.resume, "sft", process_state())  # before any work: a clear error
     rows = read_jsonl(inputs["data"].path / "trajectories.jsonl", required=("prompt", "turns"))
     random.Random(cfg.seed).shuffle(rows)
     rows = rows[: cfg.limit] if cfg.limit else rows
@@ -127,15 +134,6 @@ def run(cfg: Config, ctx: Context):
         writer.metrics.update({**stats, "trajectories": len(rows)})
     shutil.rmtree(work, ignore_errors=True)
     return ctx.done(writer)
-
-
-def _process_state():
-    """accelerate's view of this process (one, or one of `accelerate launch`'s; on CPU only
-    cpu=True joins the gloo group), for the work folder's main-process-only file work."""
-    import torch
-    from accelerate import PartialState
-
-    return PartialState(cpu=not torch.cuda.is_available())
 
 
 def _base_model(cfg: Config, inputs, rows):
@@ -232,6 +230,7 @@ def train_sft(model, tokenizer, rows, cfg: Config, work: Path, ctx: Context, pro
     result = trainer.train(resume_from_checkpoint=resume_from)
     n_tokens = sum(len(e[0]) for e in encoded)
     epochs = _epochs_trained(cfg, result.global_step, len(encoded))
+    seconds = clock.seconds()  # every leg's training
     return {
         "model": trainer.model,
         "samples": len(encoded),
@@ -239,8 +238,8 @@ def train_sft(model, tokenizer, rows, cfg: Config, work: Path, ctx: Context, pro
         "tokens_per_epoch": n_tokens,
         "steps": result.global_step,
         "epochs_trained": round(epochs, 4),
-        "tokens_per_second": round(n_tokens * epochs / max(clock.seconds(), 1e-9), 1),
-        "train_seconds": round(clock.seconds(), 1),
+        "tokens_per_second": round(n_tokens * epochs / max(seconds, 1e-9), 1),
+        "train_seconds": round(seconds, 1),
         "train_seconds_before_resume": round(clock.before, 1),
         "resumed_from_step": step_of(resume_from),
         "parameters": sum(p.numel() for p in trainer.model.parameters()),
