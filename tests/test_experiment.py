@@ -216,6 +216,9 @@ def test_a_seeded_experiment_trains_each_seed_and_reports_mean_and_sd(tmp_path):
     (same,) = json.loads((ref.path / "table.json").read_text())["comparisons"]
     assert same["diff"] == 0 and same["inside_noise"] and same["n_seeds"] == [2, 2]
     assert "| SFT, again | SFT | +0.000 [" in (ref.path / "table.md").read_text()
+    status = r3rag_inprocess("run", path, "--status", "--runs-dir", runs)  # every seed done: the same rows
+    assert status.returncode == 0 and "Results so far" in status.stdout
+    assert f"| SFT | {row['em']:.3f} ± {row['em_sd']:.3f} [" in status.stdout and "of 2 seeds" not in status.stdout
 
 
 def test_an_rl_run_resumed_before_its_legs_were_timed_adds_an_estimate_of_them(tmp_path):

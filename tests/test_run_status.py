@@ -107,3 +107,49 @@ def test_a_stage_is_timed_by_its_own_wall_seconds_where_its_manifest_timed_only_
     assert built_seconds({"seconds": 1.3, "metrics": {"wall_seconds": 1305.7}}) == 1305.7
     assert built_seconds({"seconds": 840.0, "metrics": {"steps": 200}}) == 840.0
     assert built_seconds({}) is None
+
+
+def _eval_ref(folder: Path, system: str, ems: list[float]) -> SimpleNamespace:
+    """An eval artifact of one system: metrics.json and per-question predictions.jsonl."""
+    folder.mkdir(parents=True)
+    em = sum(ems) / len(ems)
+    metrics = {"em": em, "em_ci": [0.0, 1.0], "f1": em, "n": len(ems), "searches": 1.0, "by_hops": {}}
+    (folder / "metrics.json").write_text(json.dumps({"systems": {system: metrics}}))
+    rows = [{"system": system, "id": f"q{i}", "em": e} for i, e in enumerate(ems)]
+    (folder / "predictions.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    return SimpleNamespace(path=folder, manifest={"id": folder.name, "seconds": 60.0})
+
+
+def test_results_so_far_are_over_the_finished_seeds_and_say_how_many(tmp_path):
+    """--status on a seeded experiment: each row over the seeds whose eval exists, its
+    comparisons paired over the same questions; rows with no finished seed are named, not shown."""
+    from r3rag.results_so_far import so_far_markdown
+
+    experiment = {
+        "table": {
+            "SFT": ["main#s0/sft", "main#s1/sft", "main#s2/sft"],
+            "GRPO": ["main#s0/rl", "main#s1/rl", "main#s2/rl"],
+            "Reader": ["reader#s0/rag", "reader#s1/rag", "reader#s2/rag"],
+        },
+        "compare": [["GRPO", "SFT"], ["GRPO", "Reader"]],
+    }
+    built = {"main#s0": {}, "main#s1": {}, "reader#s0": {"sft": SimpleNamespace(manifest={"id": "s"})}}
+    assert so_far_markdown(tmp_path, experiment, built) == ""  # no eval yet: nothing to show
+    for seed, sft, rl in [(0, [1, 0, 0, 0], [1, 1, 0, 0]), (1, [1, 1, 0, 0], [1, 1, 1, 1])]:
+        main = _eval_ref(tmp_path / f"main{seed}", "sft", sft)
+        predictions = main.path / "predictions.jsonl"  # the same eval scores both systems
+        predictions.write_text(
+            predictions.read_text()
+            + "".join(json.dumps({"system": "rl", "id": f"q{i}", "em": e}) + "\n" for i, e in enumerate(rl))
+        )
+        metrics = json.loads((main.path / "metrics.json").read_text())
+        metrics["systems"]["rl"] = {**metrics["systems"]["sft"], "em": sum(rl) / 4, "f1": sum(rl) / 4}
+        (main.path / "metrics.json").write_text(json.dumps(metrics))
+        built[f"main#s{seed}"] = {"eval": main}
+    text = so_far_markdown(tmp_path, experiment, built)
+    assert "| SFT (2 of 3 seeds) | 0.375 ± 0.177 [" in text  # seeds 0.25 and 0.5
+    assert "| GRPO (2 of 3 seeds) | 0.750 ± 0.354 [" in text
+    assert "No seed finished yet: Reader." in text
+    assert "| GRPO | SFT | +0.375 [" in text and "| 4 | 2/2 |" in text  # paired, per-question seed means
+    assert "GRPO | Reader" not in text  # one arm has no finished seed: no comparison yet
+    assert "2026" not in text and "Wall time" not in text  # no single run's date or wall time

@@ -212,7 +212,8 @@ def run_cmd(
     the path of the final artifact. --dry-run checks every stage's config and prints the plan
     (inputs and non-default settings per stage) without loading data or weights. --status
     looks up each stage's artifact (per variant and seed of an experiment): done, in progress
-    (an RL run with a checkpoint to resume from), to do, or waiting for its inputs.
+    (an RL run with a checkpoint to resume from), to do, or waiting for its inputs; for an
+    experiment it then prints its table over the seeds finished so far.
     """
 
     def go():
@@ -220,9 +221,13 @@ def run_cmd(
         from r3rag.pipeline import print_plan
 
         if status:
-            from r3rag.run_status import print_status, status_file
+            from r3rag.results_so_far import print_so_far
+            from r3rag.run_status import file_status, print_status
 
-            print_status(status_file(pipeline, list(set_ or []), runs_dir), pipeline)
+            rows, built, experiment = file_status(pipeline, list(set_ or []), runs_dir)
+            print_status(rows, pipeline)
+            if experiment:
+                print_so_far(pipeline, experiment, built)
             return
         if dry_run:
             print_plan(plan_file(pipeline, list(set_ or []), runs_dir), pipeline)

@@ -146,7 +146,9 @@ def _em_cell(r: dict) -> str:
     return f"{r['em']:.3f}{sd}{ci}"
 
 
-def markdown(rows: list[dict], about: dict) -> str:
+def markdown(rows: list[dict], about: dict | None) -> str:
+    """The table, and a note on its statistics; `about` (date, machine, wall and build seconds)
+    adds when and where it ran (None: rows from several runs, e.g. the results so far)."""
     hops = sorted({h for r in rows for h in r["by_hops"]}, key=int)
     seeded = any(r.get("n_seeds", 1) > 1 for r in rows)  # the seeds column only when a row has seeds
     head = ["", "EM [95% CI]", "F1", *(f"{h}-hop EM" for h in hops), "searches", "train min", *(["seeds"] * seeded)]
@@ -171,13 +173,18 @@ def markdown(rows: list[dict], about: dict) -> str:
         if seeded
         else ""
     )
+    when = (
+        f" {about['date']}, {about['machine']}. Wall time {about['wall_seconds'] / 60:.1f} min "
+        f"(artifacts' build time {about['compute_seconds'] / 60:.1f} min; reused artifacts count "
+        "the time they took when first built)."
+        if about
+        else ""
+    )
     lines += [
         "",
         f"{'/'.join(map(str, n))} held-out questions per row; 95% intervals over questions "
         "(exact Clopper-Pearson where every question's EM is 0 or 1, else percentile bootstrap)."
-        f"{seeds} {about['date']}, {about['machine']}. Wall time {about['wall_seconds'] / 60:.1f} min "
-        f"(artifacts' build time {about['compute_seconds'] / 60:.1f} min; reused artifacts count "
-        "the time they took when first built).",
+        f"{seeds}{when}",
     ]
     return "\n".join(lines) + "\n"
 

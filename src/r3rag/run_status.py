@@ -12,6 +12,7 @@ run, and one that another variant builds too (the same artifact at the seeds tha
 Usage:
     r3rag run pipelines/replicate.yaml --status
     rows = status_file(Path("pipelines/replicate.yaml"), [], runs_dir=None)
+    rows, built, experiment = file_status(Path("pipelines/replicate.yaml"), [], runs_dir=None)
 """
 
 from __future__ import annotations
@@ -30,10 +31,16 @@ from r3rag.stages.common import NotBuilt
 
 def status_file(path: Path, overrides: list[str], runs_dir: Path | None) -> list[dict]:
     """One row per stage (per variant of an experiment): {"stage", "state", "detail"}."""
+    return file_status(path, overrides, runs_dir)[0]
+
+
+def file_status(path: Path, overrides: list[str], runs_dir: Path | None) -> tuple[list[dict], dict, dict | None]:
+    """(rows as status_file's, each variant's done artifacts {variant: {stage: ref}}, the
+    experiment with its seeds expanded); ({} and None for a plain pipeline)."""
     data = load_pipeline(path)
     if not is_experiment(data):
         stages = pipeline_stages(data, path)
-        return _status_stages(path, data, stages, split_overrides(overrides, stages), runs_dir, {})[0]
+        return _status_stages(path, data, stages, split_overrides(overrides, stages), runs_dir, {})[0], {}, None
     data = expand_seeds(path, data)
     rows, built = [], {}
     for name, spec in parse_variants(path, data).items():
@@ -44,7 +51,7 @@ def status_file(path: Path, overrides: list[str], runs_dir: Path | None) -> list
             continue
         stage_rows, built[name] = _status_stages(path, data, spec["stages"], per_stage, runs_dir, {})
         rows += [{**r, "stage": f"{name}: {r['stage']}"} for r in stage_rows]
-    return rows
+    return rows, built, data
 
 
 def _status_stages(path, data, stages, per_stage, runs_dir, bound) -> tuple[list[dict], dict]:
