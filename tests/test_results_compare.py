@@ -32,8 +32,21 @@ def test_a_clear_gain_is_outside_the_noise_and_equal_arms_inside(tmp_path):
     assert gain["diff"] == pytest.approx((145 - 60) / n) and gain["ci"][0] > 0 and not gain["inside_noise"]
     assert gain["n"] == n and gain["n_seeds"] == [2, 2]
     assert same["diff"] == 0 and same["inside_noise"]
+    assert gain["per_seed"] == {"s0": 0.45, "s1": 0.4} and same["per_seed"] is None  # "h" is not seeded
     text = comparison_markdown([gain, same])
     assert "| GRPO | SFT | +0.425 [" in text and text.count("| yes |") == 1
+    assert "| 200 | 2/2 | no | +0.450 / +0.400 |" in text and "| 200 | 1/2 | yes | - |" in text
+    assert "a - b per seed" not in comparison_markdown([same])  # no column where no pair is seeded
+
+
+def test_per_seed_differences_pair_the_same_seed_and_skip_a_seed_one_arm_lacks(tmp_path):
+    built = {
+        "g#s0": _eval(tmp_path, "s0", {"rl": [1.0, 1.0], "sft": [0.0, 0.0]}),
+        "g#s2": _eval(tmp_path, "s2", {"rl": [1.0, 0.0], "sft": [1.0, 1.0]}),
+    }
+    table = {"GRPO": ["g#s0/rl", "g#s2/rl"], "SFT": ["g#s2/sft"]}  # SFT's seed 0 not finished
+    (c,) = build_comparisons([("GRPO", "SFT")], table, built)
+    assert c["per_seed"] == {"s2": -0.5} and c["n_seeds"] == [2, 1]
 
 
 def test_arms_over_different_questions_are_one_clear_error(tmp_path):

@@ -136,6 +136,7 @@ def test_results_table_rows_over_seeds(tmp_path):
     assert seeded["train_seconds"] == 60.0 and seeded["by_hops"] == {"2": 0.5}
     about = {"date": "d", "machine": "m", "wall_seconds": 60.0, "compute_seconds": 60.0}
     md = markdown(rows, about)
-    assert md.splitlines()[0].startswith("|  | EM [95% CI]") and md.splitlines()[0].endswith("| seeds |")
+    assert md.splitlines()[0].startswith("|  | EM [95% CI]") and md.splitlines()[0].endswith("| EM per seed |")
     assert "| three seeds | 0.500 ± 0.250 [" in md and "mean ± sd over seeds" in md and "Clopper-Pearson" in md
+    assert md.splitlines()[3].endswith("| 0.500 / 0.750 / 0.250 |") and md.splitlines()[2].endswith("| - |")
     assert "seeds" not in markdown(rows[:1], about).splitlines()[0]  # no seeds column without seeds

@@ -9,7 +9,9 @@ An experiment (r3rag.experiment) may list the comparisons its claims rest on:
 Each arm's per-question EM is first averaged over its seeds, then the difference is bootstrapped
 over questions (r3rag.metrics.paired_over_seeds, the one paired helper): the mean difference, its
 95% interval, and whether the interval holds 0 (the difference is inside the noise). Both arms
-must have scored the same questions (the same split and limit).
+must have scored the same questions (the same split and limit). Where both arms are seeded
+(`<variant>#s<N>`), `per_seed` also holds the difference at each seed, so a reader sees whether
+a gain appears in every seed or only on average.
 
 Usage:
     pairs = compare_spec(path, data)                          # checked before anything runs
@@ -51,8 +53,38 @@ def build_comparisons(pairs: list[tuple[str, str]], table: dict, built: dict) ->
             result = paired_over_seeds(_per_question(table[a], built), _per_question(table[b], built))
         except ValueError as e:  # different questions: different splits or limits
             raise UserError(f"compare [{a}, {b}]: {e}") from None
-        out.append({"a": a, "b": b, **result, "ci": list(result["ci"]), "n_seeds": list(result["n_seeds"])})
+        per_seed = seed_differences(table[a], table[b], built)
+        out.append(
+            {
+                "a": a,
+                "b": b,
+                **result,
+                "ci": list(result["ci"]),
+                "n_seeds": list(result["n_seeds"]),
+                "per_seed": per_seed,
+            }
+        )
     return out
+
+
+def seed_differences(a, b, built: dict) -> dict[str, float] | None:
+    """{seed: EM of a minus b at that seed} for the seeds both arms ran (`<variant>#s<N>` sources:
+    GRPO's seed N starts from the cold start's seed N, so they pair); None unless both are seeded."""
+    seeds_a, seeds_b = _by_seed(a), _by_seed(b)
+    if not seeds_a or not seeds_b:
+        return None
+    out = {}
+    for seed in [s for s in seeds_a if s in seeds_b]:
+        (qa,), (qb,) = _per_question(seeds_a[seed], built), _per_question(seeds_b[seed], built)
+        out[seed] = round(sum(qa.values()) / len(qa) - sum(qb.values()) / len(qb), 4)
+    return out
+
+
+def _by_seed(source) -> dict[str, str]:
+    """{"s0": "main#s0/rl", ...}; {} when a source is not one of a seeded variant's."""
+    sources = [str(s) for s in source] if isinstance(source, list) else [str(source)]
+    seeds = {s.partition("/")[0].rpartition("#")[2]: s for s in sources if "#s" in s.partition("/")[0]}
+    return seeds if len(seeds) == len(sources) else {}
 
 
 def _per_question(source, built: dict) -> list[dict[str, float]]:
@@ -69,14 +101,19 @@ def _per_question(source, built: dict) -> list[dict[str, float]]:
 def comparison_markdown(comparisons: list[dict]) -> str:
     if not comparisons:
         return ""
-    lines = ["| a | b | EM a - b [95% CI] | questions | seeds | inside the noise |", "|---|---|---|---|---|---|"]
+    by_seed = any(len(c.get("per_seed") or {}) > 1 for c in comparisons)  # the column only where seeds pair
+    head = ["a", "b", "EM a - b [95% CI]", "questions", "seeds", "inside the noise", *(["a - b per seed"] * by_seed)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for c in comparisons:
         seeds = "/".join(map(str, c["n_seeds"]))
         noise = "yes" if c["inside_noise"] else "no"
         cells = [c["a"], c["b"], f"{c['diff']:+.3f} [{c['ci'][0]:+.3f}, {c['ci'][1]:+.3f}]", str(c["n"]), seeds, noise]
-        lines.append("| " + " | ".join(cells) + " |")
+        per_seed = " / ".join(f"{d:+.3f}" for d in (c.get("per_seed") or {}).values()) or "-"
+        lines.append("| " + " | ".join(cells + [per_seed] * by_seed) + " |")
     note = (
         "Paired over the same questions: each arm's per-question EM averaged over its seeds, the "
         "difference bootstrapped over questions (95% percentile interval); 'inside the noise' when it holds 0."
     )
+    if by_seed:
+        note += " Per seed: the difference at each seed both arms ran (seed N's arms start from seed N's cold start)."
     return "\n".join(lines) + "\n\n" + note + "\n"

@@ -151,7 +151,8 @@ def markdown(rows: list[dict], about: dict | None) -> str:
     adds when and where it ran (None: rows from several runs, e.g. the results so far)."""
     hops = sorted({h for r in rows for h in r["by_hops"]}, key=int)
     seeded = any(r.get("n_seeds", 1) > 1 for r in rows)  # the seeds column only when a row has seeds
-    head = ["", "EM [95% CI]", "F1", *(f"{h}-hop EM" for h in hops), "searches", "train min", *(["seeds"] * seeded)]
+    head = ["", "EM [95% CI]", "F1", *(f"{h}-hop EM" for h in hops), "searches", "train min"]
+    head += ["EM per seed"] * seeded
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
         cells = [
@@ -161,7 +162,7 @@ def markdown(rows: list[dict], about: dict | None) -> str:
             *(f"{r['by_hops'][h]:.3f}" if h in r["by_hops"] else "-" for h in hops),
             "-" if r["searches"] is None else f"{r['searches']:.2f}",
             f"{r['train_seconds'] / 60:.1f}",
-            *([str(r.get("n_seeds", 1))] * seeded),
+            *([" / ".join(f"{x:.3f}" for x in r.get("em_per_seed") or []) or "-"] * seeded),
         ]
         lines.append("| " + " | ".join(cells) + " |")
     n = sorted({r["n"] for r in rows})
