@@ -135,5 +135,8 @@ def print_status(rows: list[dict], path: Path) -> None:
     console.print(", ".join(f"{n} {s}" for s, n in counts.items()) + f" (of {len(rows)} stages)")
     if counts["done"] < len(rows):
         seconds, unknown = time_left(rows)
+        if unknown and not seconds:  # nothing to go by: "~0.0 h left" would mislead
+            console.print("no estimate of the time left yet: no left stage has finished at another seed")
+            return
         guess = f"~{seconds / 3600:.1f} h left, by the same stages' times at other seeds"
         console.print(guess + (f"; {unknown} stages have no such figure yet (not counted)" if unknown else ""))
