@@ -140,3 +140,19 @@ def test_results_table_rows_over_seeds(tmp_path):
     assert "| three seeds | 0.500 ± 0.250 [" in md and "mean ± sd over seeds" in md and "Clopper-Pearson" in md
     assert md.splitlines()[3].endswith("| 0.500 / 0.750 / 0.250 |") and md.splitlines()[2].endswith("| - |")
     assert "seeds" not in markdown(rows[:1], about).splitlines()[0]  # no seeds column without seeds
+
+
+def test_the_chart_draws_each_seeds_em_as_a_dot_on_its_row():
+    plt = pytest.importorskip("matplotlib.pyplot", reason="the chart needs the [plots] extra")
+    from r3rag.results_table import chart
+
+    rows = [
+        {"label": "GRPO", "em": 0.75, "em_ci": [0.71, 0.79], "em_per_seed": [0.754, 0.72, 0.776]},
+        {"label": "SFT", "em": 0.7, "em_ci": [0.66, 0.74]},
+    ]
+    fig = chart(rows, plt)
+    ax = fig.axes[0]
+    dots = [line for line in ax.lines if line.get_marker() == "o"]
+    assert [list(d.get_xdata()) for d in dots] == [[0.754, 0.72, 0.776], []]  # the first row (top) has seeds
+    assert "each seed" in ax.get_xlabel() and "each seed" not in chart(rows[1:], plt).axes[0].get_xlabel()
+    plt.close("all")

@@ -191,24 +191,34 @@ def markdown(rows: list[dict], about: dict | None) -> str:
 
 
 def plot(rows: list[dict], path: Path) -> None:
-    """EM per row (the table's order, top to bottom) with its 95% interval, one horizontal bar each."""
+    """EM per row (the table's order, top to bottom) with its 95% interval, one horizontal bar each,
+    and a dot per seed on a row over seeds."""
     from r3rag.extras import pyplot_or_skip
 
     plt = pyplot_or_skip(path.name)  # written after every run finished: without [plots], a note, not a failure
     if plt is None:
         return
+    fig = chart(rows, plt)
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
 
+
+def chart(rows: list[dict], plt):
+    """plot's figure."""
     ys = range(len(rows))[::-1]  # the first row at the top
     ems = [r["em"] for r in rows]
     cis = [r["em_ci"] or (r["em"], r["em"]) for r in rows]
     err = [[em - lo for em, (lo, _) in zip(ems, cis)], [hi - em for em, (_, hi) in zip(ems, cis)]]
     fig, ax = plt.subplots(figsize=(8, 0.38 * len(rows) + 1.0))
     ax.barh(list(ys), ems, xerr=err, color="#3b6fb6", capsize=3, height=0.6)
+    for y, r in zip(ys, rows):  # a row over seeds: each seed's EM as a dot, so the seed spread shows
+        seeds = r.get("em_per_seed") or []
+        ax.plot(seeds, [y - 0.17] * len(seeds), "o", color="#f0a030", mec="black", mew=0.5, ms=4, zorder=3)
     for y, em, (_, hi) in zip(ys, ems, cis):  # the value right of its interval
         ax.text(min(hi, 0.93) + 0.015, y, f"{em:.3f}", va="center", fontsize=7)
     ax.set_yticks(list(ys), [r["label"] for r in rows], fontsize=8)
     ax.set_xlim(0, 1)
-    ax.set_xlabel("held-out EM (95% interval over questions)")
+    seeded = any(r.get("em_per_seed") for r in rows)
+    ax.set_xlabel("held-out EM (95% interval over questions" + ("; dots: each seed's EM)" if seeded else ")"))
     fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+    return fig
