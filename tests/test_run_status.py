@@ -37,7 +37,7 @@ def test_status_finds_built_stages_and_builds_nothing(tmp_path):
     assert _status(changed, runs) == {"world": "to do"}  # other settings: another artifact
     out = r3rag_inprocess("run", three, "--status", "--runs-dir", runs)
     assert out.returncode == 0 and "2 done, 0 in progress, 1 to do, 0 waiting (of 3 stages)" in out.stdout
-    assert "no estimate of the time left yet" in out.stdout and "h left" not in out.stdout  # no other seed to go by
+    assert "no estimate of the time left yet" in out.stdout and "h left" not in out.stdout  # nothing to go by
 
 
 def test_an_experiment_variant_waits_for_the_variant_it_names(tmp_path):
@@ -95,11 +95,15 @@ def test_time_left_counts_each_left_stage_by_the_same_stage_at_another_seed():
         row("dev#s2: sft", "waiting"),
         row("dev#s2: eval", "waiting"),
     ]
-    seconds, unknown = time_left(rows)
+    seconds, rough, unknown = time_left(rows)
     # main#s1 rl: 3000 x 0.25; main#s2 sft: median(1000, 1100) = 1050; main#s2 rl: 3000;
-    # dev#s1 eval and dev#s2 eval: 60 each; dev#s2 sft: main#s2's artifact; fresh#s0 world: no sibling
+    # dev#s1 eval and dev#s2 eval: 60 each; dev#s2 sft: main#s2's artifact; fresh#s0 world: no
+    # world has run anywhere: no figure
     assert seconds == pytest.approx(750 + 1050 + 3000 + 60 + 60)
-    assert unknown == 1
+    assert (rough, unknown) == (0, 1)
+    rows.append(row("fresh#s0: sft", "waiting"))  # fresh has run nothing: every variant's sft, roughly
+    seconds, rough, unknown = time_left(rows)
+    assert seconds == pytest.approx(750 + 1050 + 3000 + 60 + 60 + 1050) and (rough, unknown) == (1, 1)
 
 
 def test_a_stage_is_timed_by_its_own_wall_seconds_where_its_manifest_timed_only_publishing():

@@ -7,7 +7,9 @@ are not built yet, so its id is not known). A multi-day experiment (pipelines/re
 three seeds a variant, resumed across sessions) shows what is left without starting it, and
 `time_left` estimates how long that is: each left stage of variant V at one seed takes what V's
 same stage took at another seed (its manifest's seconds), a checkpointed one the part still to
-run, and one that another variant builds too (the same artifact at the seeds that finished) nothing.
+run, and one that another variant builds too (the same artifact at the seeds that finished)
+nothing; a stage V has not run at any seed yet takes, roughly, what that stage took in the other
+variants.
 
 Usage:
     r3rag run pipelines/replicate.yaml --status
@@ -87,15 +89,16 @@ def _unbuilt(missing: NotBuilt) -> dict:
     return {"state": "to do", "detail": missing.id}
 
 
-def time_left(rows: list[dict]) -> tuple[float, int]:
-    """(seconds the stages not done should take, how many of them have no estimate), from the
-    same variant's same stage at the seeds where it is done (the median of their seconds)."""
+def time_left(rows: list[dict]) -> tuple[float, int, int]:
+    """(seconds the stages not done should take, how many of them were timed roughly, how many
+    have no estimate): each left stage by the same variant's same stage at the seeds where it is
+    done (the median of their seconds), else, roughly, by that stage of every variant where done."""
     parsed = [(_parts(r["stage"]), r) for r in rows]
     first_builder: dict[tuple, str] = {}  # (seed, stage, artifact id) -> the first variant whose row has it
     for (variant, seed, stage), r in parsed:
         if r["state"] == "done":
             first_builder.setdefault((seed, stage, r["detail"]), variant)
-    seconds, unknown = 0.0, 0
+    seconds, rough, unknown = 0.0, 0, 0
     for (variant, seed, stage), r in parsed:
         if r["state"] == "done":
             continue
@@ -105,11 +108,14 @@ def time_left(rows: list[dict]) -> tuple[float, int]:
         if any(first_builder[(sd, stage, d["detail"])] != variant for sd, d in siblings):
             continue  # another variant built it at those seeds: it does here too, and is counted there
         figures = [d["seconds"] for _, d in siblings if d.get("seconds") is not None]
+        if not figures:  # e.g. a variant on another world, before its first seed finished
+            figures = [d["seconds"] for (_, _, st), d in parsed if st == stage and d.get("seconds") is not None]
+            rough += bool(figures)
         if not figures:
             unknown += 1
             continue
         seconds += statistics.median(figures) * (1 - r.get("done_share", 0.0))
-    return seconds, unknown
+    return seconds, rough, unknown
 
 
 def _parts(row_stage: str) -> tuple[str, str, str]:
@@ -134,9 +140,11 @@ def print_status(rows: list[dict], path: Path) -> None:
     counts = {s: sum(r["state"] == s for r in rows) for s in style}
     console.print(", ".join(f"{n} {s}" for s, n in counts.items()) + f" (of {len(rows)} stages)")
     if counts["done"] < len(rows):
-        seconds, unknown = time_left(rows)
+        seconds, rough, unknown = time_left(rows)
         if unknown and not seconds:  # nothing to go by: "~0.0 h left" would mislead
-            console.print("no estimate of the time left yet: no left stage has finished at another seed")
+            console.print("no estimate of the time left yet: no left stage has run anywhere")
             return
         guess = f"~{seconds / 3600:.1f} h left, by the same stages' times at other seeds"
-        console.print(guess + (f"; {unknown} stages have no such figure yet (not counted)" if unknown else ""))
+        if rough:
+            guess += f" ({rough} stages, not yet run at any seed, by other variants' same stage: rough)"
+        console.print(guess + (f"; {unknown} stages have no figure at all (not counted)" if unknown else ""))
