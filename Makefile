@@ -23,11 +23,12 @@ $(VENV)/.installed: pyproject.toml
 
 # The default suite: every test not marked slow (a few minutes on 2 cores). The slow ones (whole
 # stages on SmolLM2, kills at random points, load tests) run in `make test-slow`; CI runs both.
+# Each ends with its ten slowest tests, so a test that grows slow shows in the log.
 test: install
-	$(PY) -m pytest -q -m "not slow"
+	$(PY) -m pytest -q -m "not slow" --durations=10
 
 test-slow: install
-	$(PY) -m pytest -q -m slow
+	$(PY) -m pytest -q -m slow --durations=10
 
 test-all: install
 	$(PY) -m pytest -q
