@@ -21,6 +21,9 @@ Writes `predictions.jsonl`, `metrics.json` (`{"systems": {label: {"em", "f1", "n
 data set with 95% intervals; with `compare_to: [sft, rl]`, each system's EM difference from those
 over the same questions, with a paired-bootstrap interval), and prints a table.
 
+Resumable: each finished chunk of questions is journaled (r3rag.eval_resume); rerunning a killed
+eval with the same settings generates only what is left, and writes what a straight run would.
+
 Usage:
 
     r3rag eval --set limit=400
@@ -47,7 +50,9 @@ from r3rag.config import unhashed
 from r3rag.env import EnvSettings, run_rollouts
 from r3rag.errors import UserError
 from r3rag.eval_metrics import print_table, stage_seconds, summarize, to_prediction
+from r3rag.eval_resume import EvalChunks
 from r3rag.eval_tables import comparison_table, dataset_table, paired_comparisons
+from r3rag.journal import Journal
 from r3rag.jsonl import read_jsonl, write_jsonl
 from r3rag.judge import AnswerJudge, JudgeSpec
 from r3rag.retrieval import is_url, open_retriever
@@ -124,8 +129,8 @@ def run(cfg: Config, ctx: Context):
     judge = AnswerJudge.from_spec(cfg.judge, "eval.judge") if cfg.judge.endpoint else None
     check_vllm_weights(cfg, specs, policies)
     engines: dict = {}  # vLLM engines by weights: direct, rag and sft on the sft policy share one
-    with writer:
-        t0 = time.time()
+    with Journal(writer.final.parent / f".journal-{writer.id}.jsonl") as journal, writer:
+        t0, chunks = time.time(), EvalChunks(journal)
         results, predictions = {}, []
         for label, spec in specs.items():
             system = load_system(
@@ -146,7 +151,7 @@ def run(cfg: Config, ctx: Context):
                     if system.mode == "gold"
                     else _open(r_ref)
                 )
-                rows, seconds = evaluate_system(system, questions, retriever, cfg, ctx, name)
+                rows, seconds = evaluate_system(system, questions, retriever, cfg, ctx, name, chunks)
                 if judge is not None:
                     for row, ok in zip(
                         rows, judge.judge_many([(r["question"], r["golden_answers"], r["answer"]) for r in rows])
@@ -167,6 +172,7 @@ def run(cfg: Config, ctx: Context):
         (writer.dir / "table.md").write_text(dataset_table(results) + "\n" + comparison_table(metrics["comparisons"]))
         writer.metrics.update({s: {"em": m["em"], "f1": m["f1"], "n": m["n"]} for s, m in results.items()})
         print_table(metrics, ctx.console)
+    journal.remove()  # the artifact is committed: nothing left to resume
     return ctx.done(writer)
 
 
@@ -285,24 +291,32 @@ def resolve_policy(ref: str, ctx: Context) -> ArtifactRef:
 
 
 def evaluate_system(
-    system: System, questions: list[dict], retriever, cfg: Config, ctx: Context, label: str
+    system: System, questions: list[dict], retriever, cfg: Config, ctx: Context, label: str, chunks: EvalChunks
 ) -> tuple[list[dict], float]:
-    """Prediction rows (one per question and sample) and the wall seconds they took."""
+    """Prediction rows (one per question and sample) and the seconds they took (every leg of a
+    resumed eval). Each finished chunk is journaled (r3rag.eval_resume): a killed eval resumes."""
     mode = "rag" if system.mode == "gold" else system.mode  # the gold retriever stands in for the search
     env_cfg = cfg.env_config(mode, top_k=system.top_k)  # a system's own depth (rag3, rag5) wins over eval's
     n_samples = cfg.n_samples if cfg.temperature > 0 else 1
-    rows, chunk = [], cfg.batch_size * 4
-    t0 = time.perf_counter()
+    rows, seconds, chunk = [], 0.0, cfg.batch_size * 4
     with ctx.progress() as progress:
         task = progress.add_task(f"eval {label}", total=len(questions) * n_samples)
         for sample in range(n_samples):
             gen = system.make_generator(cfg.temperature, cfg.seed + sample)
             for lo in range(0, len(questions), chunk):
                 batch = questions[lo : lo + chunk]
-                trajs = run_rollouts(batch, gen, retriever, system.protocol, env_cfg, system.tokenizer)
-                rows += [to_prediction(label, t, q, sample) for t, q in zip(trajs, batch)]
+                hi = lo + len(batch)
+                done = chunks.done(label, sample, lo, hi)
+                if done is None:
+                    t0 = time.perf_counter()
+                    trajs = run_rollouts(batch, gen, retriever, system.protocol, env_cfg, system.tokenizer)
+                    new = [to_prediction(label, t, q, sample) for t, q in zip(trajs, batch)]
+                    done = {"rows": new, "seconds": time.perf_counter() - t0}
+                    chunks.record(label, sample, lo, hi, new, done["seconds"], sampled=cfg.temperature > 0)
+                rows += done["rows"]
+                seconds += done["seconds"]
                 progress.advance(task, len(batch))
-    return rows, time.perf_counter() - t0
+    return rows, seconds
 
 
 def gold_retriever(inputs: dict, questions: list[dict]):
