@@ -72,6 +72,18 @@ def test_a_run_with_checkpoints_is_in_progress(tmp_path, stage):
     assert _unbuilt(missing) == {"state": "in progress", "detail": "checkpoint at step 120 of 200", "done_share": 0.6}
 
 
+def test_a_synthesize_or_eval_with_a_journal_is_in_progress(tmp_path):
+    from r3rag.run_status import _unbuilt
+
+    missing = NotBuilt("eval", "e-abc", tmp_path / "eval" / "e-abc", SimpleNamespace())
+    journal = tmp_path / "eval" / ".journal-e-abc.jsonl"
+    journal.parent.mkdir(parents=True)
+    journal.write_text("")  # opened, nothing finished yet
+    assert _unbuilt(missing) == {"state": "to do", "detail": "e-abc"}
+    journal.write_text('{"id": "sft|0|0:64"}\n{"id": "sft|0|64:128"}\n')
+    assert _unbuilt(missing) == {"state": "in progress", "detail": "journal of 2 finished items (e-abc)"}
+
+
 def test_time_left_counts_each_left_stage_by_the_same_stage_at_another_seed():
     """main#s1 takes what main#s0 took; a checkpointed run the part left; dev's sft is main's
     artifact at seed 0, so dev#s1's is main#s1's and counts nothing; no sibling, no figure."""

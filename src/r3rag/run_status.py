@@ -2,8 +2,8 @@
 
 Each stage's artifact id is computed as a run would compute it (its config and its inputs'
 content), and looked up: `done` (published), `in progress` (an SFT or RL run's work folder holds
-a checkpoint: a rerun resumes from it), `to do` (the next stage to run), `waiting` (its inputs
-are not built yet, so its id is not known). A multi-day experiment (pipelines/replicate.yaml,
+a checkpoint, or a synthesize or eval run's journal: a rerun resumes from it), `to do` (the next
+stage to run), `waiting` (its inputs are not built yet, so its id is not known). A multi-day experiment (pipelines/replicate.yaml,
 three seeds a variant, resumed across sessions) shows what is left without starting it, and
 `time_left` estimates how long that is: each left stage of variant V at one seed takes what V's
 same stage took at another seed (its manifest's seconds), a checkpointed one the part still to
@@ -77,7 +77,8 @@ def _status_stages(path, data, stages, per_stage, runs_dir, bound) -> tuple[list
 
 
 def _unbuilt(missing: NotBuilt) -> dict:
-    """`to do`, or `in progress` where a killed SFT or RL run left checkpoints to resume from."""
+    """`to do`, or `in progress` where a killed SFT or RL run left checkpoints to resume from, or
+    a killed synthesize or eval a journal of finished items (r3rag.journal)."""
     last = last_complete_checkpoint(missing.final.parent / f".work-{missing.id}" / "checkpoints")
     if last:
         done, planned = step_of(last), planned_steps(last)
@@ -86,6 +87,11 @@ def _unbuilt(missing: NotBuilt) -> dict:
             "detail": f"checkpoint at step {done} of {planned}",
             "done_share": done / planned if planned else 0.0,
         }
+    journal = missing.final.parent / f".journal-{missing.id}.jsonl"
+    if journal.is_file() and journal.stat().st_size:
+        with open(journal, "rb") as f:
+            lines = sum(1 for _ in f)
+        return {"state": "in progress", "detail": f"journal of {lines} finished items ({missing.id})"}
     return {"state": "to do", "detail": missing.id}
 
 
