@@ -63,15 +63,14 @@ real-smoke: install
 # The miniature replication (docs/replication.md): first its settings on the dev split
 # (pipelines/replicate-dev.yaml), then every row of the results table at three seeds
 # (pipelines/replicate.yaml), then its ablations (pipelines/replicate-ablations.yaml). Many hours on
-# 2 cores: each reuses every finished artifact, and a GRPO run killed midway continues from its last
-# checkpoint, and so does an SFT run (sft.resume=auto, rl.resume=auto): rerunning a target resumes it.
-RESUME := --set sft.resume=auto --set rl.resume=auto
+# 2 cores: each reuses every finished artifact, and a killed SFT or GRPO run continues from its last
+# checkpoint, a killed synthesize or eval from its journal: rerunning a target resumes it.
 replicate-dev: install
-	$(R3RAG) run pipelines/replicate-dev.yaml $(RESUME) $(SET)
+	$(R3RAG) run pipelines/replicate-dev.yaml $(SET)
 replicate: install
-	$(R3RAG) run pipelines/replicate.yaml $(RESUME) $(SET)
+	$(R3RAG) run pipelines/replicate.yaml $(SET)
 replicate-ablations: install
-	$(R3RAG) run pipelines/replicate-ablations.yaml $(RESUME) $(SET)
+	$(R3RAG) run pipelines/replicate-ablations.yaml $(SET)
 
 # One target per stage, each reading the pipeline's config for that stage.
 world: install

@@ -57,7 +57,8 @@ def test_a_resumed_sft_run_ends_where_a_straight_run_ends(runs, monkeypatch, kil
     (work,) = (runs / "sft").glob(f".work-resumed{killed_at}-*")
     kept = sorted(int(p.name.split("-")[1]) for p in (work / "checkpoints").glob("checkpoint-*"))
     assert kept == [s for s in (killed_at - 3, killed_at) if s > 0]  # save_total_limit=2
-    resumed = run_stage("sft", None, [*RUN, name, "resume=true"], runs)
+    resume = [] if killed_at == 9 else ["resume=true"]  # a plain rerun resumes too: resume=auto is the default
+    resumed = run_stage("sft", None, [*RUN, name, *resume], runs)
     m = resumed.manifest["metrics"]
     assert m["resumed_from_step"] == killed_at and m["steps"] == straight.manifest["metrics"]["steps"] == 12
     assert 0 < m["train_seconds_before_resume"] < m["train_seconds"]  # the killed leg counts

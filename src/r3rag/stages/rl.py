@@ -25,8 +25,9 @@ same env loop; `dev/em` and `dev/f1` go into that step's metrics.jsonl line besi
 training reward. `keep=best_dev` publishes the best step's weights instead of the last; the
 manifest records `kept_step` and `kept_dev_em` either way.
 
-Checkpoints go to `runs/rl/.work-<id>/` every `save_steps`; after a crash or a kill,
-`r3rag rl --resume` (same settings) continues from the last one. The artifact holds the
+Checkpoints go to `runs/rl/.work-<id>/` every `save_steps`; after a crash or a kill, rerunning
+with the same settings continues from the last one (`resume=auto`, the default; `--resume`
+insists on one, `resume=false` starts afresh). The artifact holds the
 policy (`model/`, merged when trained with LoRA), `metrics.jsonl` (one line per step),
 `rollouts.jsonl` (a sample per step and process), `reward_curves.png`.
 
@@ -95,9 +96,10 @@ class Config(GRPOSettings, QuestionSource):  # r3rag.grpo_settings; world, quest
     lora_settings: LoraSettings = field(default_factory=LoraSettings)  # lora=true: the adapters' shape
     eval_questions: str = ""  # dev questions for eval_every: a question JSONL file; "" = the world's dev.jsonl
     # observe and resume (resume and threads: how to run, not what is trained)
-    # true: continue from the last checkpoint (an error without one); auto: continue where there is one,
-    # else start afresh (a long experiment rerun after a kill: `r3rag run ... --set rl.resume=auto`)
-    resume: bool | Literal["auto"] = unhashed(False)
+    # auto: a rerun after a kill continues from the last checkpoint where there is one (the same settings
+    # give the same artifact id, so only the killed run's own checkpoints); true: continue, an error
+    # without one; false: start afresh, the killed run's checkpoints deleted
+    resume: bool | Literal["auto"] = unhashed("auto")
     rollout_samples: int = 4  # trajectories saved per step and process to rollouts.jsonl
     threads: int = unhashed(0)  # CPU threads for torch (0 = torch's default)
 

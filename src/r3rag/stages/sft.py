@@ -10,9 +10,10 @@ with LoRA (`model: Qwen/Qwen2.5-3B`, `lora: true`) or fully. The policy is saved
 earlier policy's `model/` directory (`model: runs/sft/<id>/model`, its own tokenizer) continues
 it: more SFT as a control matched to GRPO's updates (`max_steps`).
 
-Checkpoints go to `runs/sft/.work-<id>/` every `save_steps` updates; `r3rag sft --resume` (or
-`resume=auto`, what the make targets pass) continues a killed run from the last one, with the
-optimizer, scheduler, RNG and data order restored: it ends where a straight run ends.
+Checkpoints go to `runs/sft/.work-<id>/` every `save_steps` updates; rerunning a killed run with
+the same settings continues from the last one (`resume=auto`, the default; `--resume` insists on
+one, `resume=false` starts afresh), with the optimizer, scheduler, RNG and data order restored:
+it ends where a straight run ends.
 
 Reader baselines train here too, on `r3rag synthesize --set reader=closed-book|rag|gold` data
 (the `qa` template): the loss is on the answer after the prefilled `<answer> ` and its EOS, and
@@ -86,9 +87,10 @@ class Config:
     threads: int = unhashed(0)  # CPU threads: how fast, not what is trained
     # checkpoints in runs/sft/.work-<id>/ every N optimizer updates (0 = none): what a killed run resumes from
     save_steps: int = unhashed(200)
-    # true: continue from the last checkpoint (an error without one); auto: continue where there is one,
-    # else start afresh (a long experiment rerun after a kill: `r3rag run ... --set sft.resume=auto`)
-    resume: bool | Literal["auto"] = unhashed(False)
+    # auto: a rerun after a kill continues from the last checkpoint where there is one (the same settings
+    # give the same artifact id, so only the killed run's own checkpoints); true: continue, an error
+    # without one; false: start afresh, the killed run's checkpoints deleted
+    resume: bool | Literal["auto"] = unhashed("auto")
     seed: int = 0  # the trajectories' order, a tiny model's initial weights, the trainer's shuffling
 
 
