@@ -212,8 +212,9 @@ def run_cmd(
     the path of the final artifact. --dry-run checks every stage's config and prints the plan
     (inputs and non-default settings per stage) without loading data or weights. --status
     looks up each stage's artifact (per variant and seed of an experiment): done, in progress
-    (an RL run with a checkpoint to resume from), to do, or waiting for its inputs; for an
-    experiment it then prints its table over the seeds finished so far.
+    (an SFT or RL run with a checkpoint, a synthesize or eval with a journal: a rerun resumes
+    it), to do, or waiting for its inputs; for an experiment it then prints its table over the
+    seeds finished so far.
     """
 
     def go():

@@ -3,8 +3,9 @@
 Each stage's artifact id is computed as a run would compute it (its config and its inputs'
 content), and looked up: `done` (published), `in progress` (an SFT or RL run's work folder holds
 a checkpoint, or a synthesize or eval run's journal: a rerun resumes from it), `to do` (the next
-stage to run), `waiting` (its inputs are not built yet, so its id is not known). A multi-day experiment (pipelines/replicate.yaml,
-three seeds a variant, resumed across sessions) shows what is left without starting it, and
+stage to run), `waiting` (its inputs are not built yet, so its id is not known). A multi-day
+experiment (pipelines/replicate.yaml, three seeds a variant, resumed across sessions) shows what
+is left without starting it, and
 `time_left` estimates how long that is: each left stage of variant V at one seed takes what V's
 same stage took at another seed (its manifest's seconds), a checkpointed one the part still to
 run, and one that another variant builds too (the same artifact at the seeds that finished)
