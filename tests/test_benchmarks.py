@@ -33,6 +33,7 @@ def test_rollout_benchmark_prints_its_keys(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # a 135M model through every stage on 2 cores: minutes, more on a loaded machine
 def test_real_model_benchmark_quick(smollm2_runs, tmp_path):
     """The real-model benchmark's generate and env parts, shrunk (its SFT and GRPO parts take
     minutes even shrunk; `--quick` alone runs all four)."""

@@ -69,6 +69,7 @@ def test_hub_model_is_recorded_not_copied(tmp_path):
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1500)  # a 135M model through every stage on 2 cores: minutes, more on a loaded machine
 def test_every_stage_on_the_real_model(smollm2_runs, shared_root):
     from r3rag.modeling import load_model
     from r3rag.pipeline import run_pipeline
