@@ -182,6 +182,17 @@ def _by_id(ref: str, stage: str, which: str, found: list[ArtifactRef], runs_dir:
     return matches[0]
 
 
+def work_dir(final: Path) -> Path:
+    """Where a stage keeps what a killed run resumes from (checkpoints, chunks, shards) between a
+    kill and the rerun: `.work-<id>` beside the artifact's final folder `final` (runs/<stage>/<id>)."""
+    return final.parent / f".work-{final.name}"
+
+
+def journal_file(final: Path) -> Path:
+    """A stage's journal of finished items (r3rag.journal) beside the artifact: `.journal-<id>.jsonl`."""
+    return final.parent / f".journal-{final.name}.jsonl"
+
+
 class ArtifactWriter:
     """Write a stage's outputs into a temp dir; `commit` (on clean exit) renames it into place."""
 

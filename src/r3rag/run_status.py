@@ -23,7 +23,7 @@ from __future__ import annotations
 import statistics
 from pathlib import Path
 
-from r3rag.artifacts import built_seconds
+from r3rag.artifacts import built_seconds, journal_file, work_dir
 from r3rag.checkpoints import last_complete_checkpoint, planned_steps, step_of
 from r3rag.errors import UserError
 from r3rag.experiment import parse_variants, variant_overrides
@@ -80,7 +80,7 @@ def _status_stages(path, data, stages, per_stage, runs_dir, bound) -> tuple[list
 def _unbuilt(missing: NotBuilt) -> dict:
     """`to do`, or `in progress` where a killed SFT or RL run left checkpoints to resume from, or
     a killed synthesize or eval a journal of finished items (r3rag.journal)."""
-    last = last_complete_checkpoint(missing.final.parent / f".work-{missing.id}" / "checkpoints")
+    last = last_complete_checkpoint(work_dir(missing.final) / "checkpoints")
     if last:
         done, planned = step_of(last), planned_steps(last)
         return {
@@ -88,7 +88,7 @@ def _unbuilt(missing: NotBuilt) -> dict:
             "detail": f"checkpoint at step {done} of {planned}",
             "done_share": done / planned if planned else 0.0,
         }
-    journal = missing.final.parent / f".journal-{missing.id}.jsonl"
+    journal = journal_file(missing.final)
     if journal.is_file() and journal.stat().st_size:
         with open(journal, "rb") as f:
             lines = sum(1 for _ in f)

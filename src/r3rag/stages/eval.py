@@ -45,7 +45,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from r3rag.artifacts import ArtifactRef, resolve
+from r3rag.artifacts import ArtifactRef, journal_file, resolve
 from r3rag.config import unhashed
 from r3rag.env import EnvSettings, run_rollouts
 from r3rag.errors import UserError
@@ -129,7 +129,7 @@ def run(cfg: Config, ctx: Context):
     judge = AnswerJudge.from_spec(cfg.judge, "eval.judge") if cfg.judge.endpoint else None
     check_vllm_weights(cfg, specs, policies)
     engines: dict = {}  # vLLM engines by weights: direct, rag and sft on the sft policy share one
-    with Journal(writer.final.parent / f".journal-{writer.id}.jsonl") as journal, writer:
+    with Journal(journal_file(writer.final)) as journal, writer:
         t0, chunks = time.time(), EvalChunks(journal)
         results, predictions = {}, []
         for label, spec in specs.items():

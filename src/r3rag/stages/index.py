@@ -37,7 +37,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from r3rag.artifacts import file_sha256, resolve
+from r3rag.artifacts import file_sha256, resolve, work_dir
 from r3rag.data.corpus import load_corpus
 from r3rag.errors import UserError
 from r3rag.stages.common import Context
@@ -116,7 +116,7 @@ def run(cfg: Config, ctx: Context):
             }
         )
     if cfg.backend in ("bm25", "dense"):  # published: the chunks or shards it was built from are no longer needed
-        shutil.rmtree(work_dir(writer), ignore_errors=True)
+        shutil.rmtree(work_dir(writer.final), ignore_errors=True)
     return ctx.done(writer)
 
 
@@ -153,7 +153,7 @@ def build_bm25_on_disk(cfg: Config, corpus_path: Path, writer) -> int:
     out = writer.dir / "index"
     store = import_corpus(corpus_path, out / "docs")
     bm25 = {"stopwords": cfg.stopwords, "stemmer": cfg.stemmer, "k1": cfg.k1, "b": cfg.b}
-    r = BM25Retriever.build_on_disk(store, out, work_dir=work_dir(writer), **bm25)
+    r = BM25Retriever.build_on_disk(store, out, work_dir=work_dir(writer.final), **bm25)
     writer.metrics.update(r.build_stats)  # tokenized_chunks < chunks: the build resumed
     return len(store)
 
@@ -179,7 +179,7 @@ def build_dense_on_disk(cfg: Config, corpus_path: Path, writer) -> int:
 
         query = {k: getattr(cfg, k) for k in ("pooling", "query_prefix", "passage_prefix", "normalize", "max_length")}
         return len(write_prebuilt(out, Path(cfg.prebuilt_index), corpus_path, cfg.encoder, **query).docs)
-    work = work_dir(writer)
+    work = work_dir(writer.final)
     store = import_corpus(corpus_path, out / "docs")
     r = DenseRetriever.build(store, work_dir=work, **dense_options(cfg))
     r.save(out)
@@ -193,12 +193,6 @@ def build_dense_on_disk(cfg: Config, corpus_path: Path, writer) -> int:
         }
     )
     return len(store)
-
-
-def work_dir(writer) -> Path:
-    """Where a bm25 build keeps its tokenised chunks, and a dense build its encoded shards, between a
-    kill and the rerun (ArtifactWriter keeps `.work-<id>` entries with files when a command fails)."""
-    return writer.final.parent / f".work-{writer.id}"
 
 
 def corpus_sha256(path: Path) -> str:

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from r3rag.artifacts import ArtifactRef, load_manifest
+from r3rag.artifacts import ArtifactRef, load_manifest, work_dir
 from r3rag.checkpoints import prepare_work, step_of
 from r3rag.config import unhashed
 from r3rag.errors import UserError
@@ -124,7 +124,7 @@ def run(cfg: Config, ctx: Context):
     backend = resolve_vllm(cfg.vllm)  # a clear error before any work when vLLM is asked for and missing
     state = process_state()
     dev = _dev_questions(cfg, inputs)  # a missing dev split fails before any work
-    work = writer.final.parent / f".work-{writer.id}"
+    work = work_dir(writer.final)
     resume_from = _prepare_work(work, cfg.resume, state)
     model, tokenizer, protocol_dict, base = _start(cfg, inputs)
     questions = cfg.read_questions(inputs)

@@ -40,6 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
+from r3rag.artifacts import work_dir
 from r3rag.checkpoints import prepare_work, step_of
 from r3rag.config import hashed_when_set, unhashed
 from r3rag.errors import UserError
@@ -111,7 +112,7 @@ def run(cfg: Config, ctx: Context):
     if writer.existing:
         return ctx.skipped(writer)
     set_threads(cfg.threads)
-    work = writer.final.parent / f".work-{writer.id}"
+    work = work_dir(writer.final)
     resume_from = prepare_work(work, cfg.resume, "sft", process_state())  # before any work: a clear error
     rows = read_jsonl(inputs["data"].path / "trajectories.jsonl", required=("prompt", "turns"))
     random.Random(cfg.seed).shuffle(rows)

@@ -61,6 +61,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from r3rag import teachers
+from r3rag.artifacts import journal_file
 from r3rag.config import unhashed
 from r3rag.data.gold import GoldRetriever
 from r3rag.errors import UserError
@@ -128,7 +129,7 @@ def run(cfg: Config, ctx: Context):
     sources = _sources(cfg, inputs)
     protocol = cfg.to_protocol()
     t0 = time.time()
-    with Journal(writer.final.parent / f".journal-{writer.id}.jsonl") as journal:
+    with Journal(journal_file(writer.final)) as journal:
         resumed = len(journal.done)
         _synthesize(cfg, ctx, sources, protocol, journal)
         rows = journal.rows
