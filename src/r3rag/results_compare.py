@@ -82,17 +82,19 @@ def seed_differences(a, b, built: dict) -> dict[str, float] | None:
 
 def _by_seed(source) -> dict[str, str]:
     """{"s0": "main#s0/rl", ...}; {} when a source is not one of a seeded variant's."""
-    sources = [str(s) for s in source] if isinstance(source, list) else [str(source)]
+    from r3rag.results_table import row_sources
+
+    sources = row_sources(source)
     seeds = {s.partition("/")[0].rpartition("#")[2]: s for s in sources if "#s" in s.partition("/")[0]}
     return seeds if len(seeds) == len(sources) else {}
 
 
 def _per_question(source, built: dict) -> list[dict[str, float]]:
     """Per seed (source): {question id: EM} of that `<variant>/<system>`'s eval."""
-    from r3rag.results_table import question_em
+    from r3rag.results_table import question_em, row_sources
 
     out = []
-    for one in source if isinstance(source, list) else [source]:
+    for one in row_sources(source):
         variant, _, system = str(one).partition("/")
         out.append(question_em(built[variant]["eval"].path, system))
     return out

@@ -16,15 +16,14 @@ from __future__ import annotations
 from pathlib import Path
 
 from r3rag.results_compare import build_comparisons, comparison_markdown
-from r3rag.results_table import build_rows, markdown
+from r3rag.results_table import build_rows, markdown, row_sources
 
 
 def finished_sources(table: dict, built: dict[str, dict]) -> dict[str, list[str]]:
     """{row label: its `<variant>/<system>` sources whose variant's eval is done}, rows with none left out."""
     out = {}
     for label, source in table.items():
-        sources = [str(s) for s in source] if isinstance(source, list) else [str(source)]
-        done = [s for s in sources if "eval" in built.get(s.partition("/")[0], {})]
+        done = [s for s in row_sources(source) if "eval" in built.get(s.partition("/")[0], {})]
         if done:
             out[str(label)] = done
     return out
@@ -38,7 +37,7 @@ def print_so_far(path: Path, experiment: dict, built: dict[str, dict]) -> None:
 
 def so_far_markdown(path: Path, experiment: dict, built: dict[str, dict]) -> str:
     """The table over the finished seeds, then its comparisons; "" when no row has one."""
-    planned = {str(label): len(s) if isinstance(s, list) else 1 for label, s in experiment["table"].items()}
+    planned = {str(label): len(row_sources(s)) for label, s in experiment["table"].items()}
     table = finished_sources(experiment["table"], built)
     if not table:
         return ""

@@ -24,12 +24,17 @@ from r3rag.metrics import over_seeds
 TRAINED = ("base", "sft", "rl")  # stages whose wall time is a policy's training time
 
 
+def row_sources(source) -> list[str]:
+    """A table row's `<variant>/<system>` sources: one, or a list (one per seed)."""
+    return [str(s) for s in source] if isinstance(source, list) else [str(source)]
+
+
 def build_rows(spec: dict[str, str | list[str]], built: dict[str, dict], path: Path) -> list[dict]:
     """One row per table entry: `<variant>/<system>` looked up in that variant's eval metrics, or
     a list of them (one per seed) summarised over seeds."""
     rows, cache = [], {}
     for label, source in spec.items():
-        sources = [str(s) for s in source] if isinstance(source, list) else [str(source)]
+        sources = row_sources(source)
         found = [_lookup(str(label), s, built, cache, path) for s in sources]
         if len(found) == 1:
             m, refs, system, _ = found[0]
