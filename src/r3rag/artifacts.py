@@ -257,9 +257,11 @@ class ArtifactWriter:
 
     def _work_entries(self) -> list[Path]:
         """Hidden entries a stage keeps beside the artifact (`.work-<id>`, `.journal-<id>.jsonl`).
-        Temp dirs are left out: `__exit__` removes this process's, and others' are not ours."""
+        Temp dirs are left out: `__exit__` removes this process's, and others' are not ours; so are
+        build locks (r3rag.build_lock: removing one that another process waits on breaks it)."""
         parent = self.final.parent
-        return [p for p in parent.glob(f".*-{self.id}*") if not p.name.startswith(".tmp-")] if parent.is_dir() else []
+        kept = (".tmp-", ".lock-")
+        return [p for p in parent.glob(f".*-{self.id}*") if not p.name.startswith(kept)] if parent.is_dir() else []
 
     def _write_error(self, e: OSError) -> UserError:
         return UserError(
@@ -298,6 +300,7 @@ class ArtifactWriter:
             "code_version": code_version(),
             "libraries": library_versions(),
             "python": platform.python_version(),
+            "compute": compute_share(),
             "started_at": self.started,
             "finished_at": finished,
             "seconds": round(finished - self.started, 2),
@@ -312,6 +315,18 @@ class ArtifactWriter:
         fsync_path(self.final.parent)
         self.ref = ArtifactRef(self.stage, self.id, self.final, manifest)
         return self.ref
+
+
+def compute_share() -> dict:
+    """What the build ran on, for reading its `seconds`: torch's CPU threads (where torch was
+    loaded) and how many `r3rag run --jobs` workers shared the machine (R3RAG_JOBS; 1 alone)."""
+    import sys
+
+    torch = sys.modules.get("torch")
+    share = {"jobs": int(os.environ.get("R3RAG_JOBS") or 1)}
+    if torch is not None:
+        share["threads"] = torch.get_num_threads()
+    return share
 
 
 def _alive(pid: int) -> bool:

@@ -204,6 +204,16 @@ def run_cmd(
     status: Annotated[
         bool, typer.Option("--status", help="Say which stages are done, in progress or left; build nothing.")
     ] = False,
+    jobs: Annotated[
+        int,
+        typer.Option(
+            "--jobs",
+            min=1,
+            help="An experiment's variants and seeds built by this many worker processes at once, "
+            "each with its share of the CPU threads (and of CUDA_VISIBLE_DEVICES).",
+        ),
+    ] = 1,
+    worker: Annotated[bool, typer.Option("--worker", hidden=True, help="One of --jobs' workers.")] = False,
     debug: DebugOpt = False,
 ):
     """Run a pipeline's stages in order, reusing any artifact that already exists for the same config and inputs.
@@ -214,7 +224,9 @@ def run_cmd(
     looks up each stage's artifact (per variant and seed of an experiment): done, in progress
     (an SFT or RL run with a checkpoint, a synthesize or eval with a journal: a rerun resumes
     it), to do, or waiting for its inputs; for an experiment it then prints its table over the
-    seeds finished so far.
+    seeds finished so far. --jobs N builds an experiment's variants in N worker processes
+    (their output in RUNS/.jobs/), then writes its table; two commands that reach the same
+    artifact build it once (the second waits for it, or a worker builds something else meanwhile).
     """
 
     def go():
@@ -234,7 +246,16 @@ def run_cmd(
             print_plan(plan_file(pipeline, list(set_ or []), runs_dir), pipeline)
             print("dry run: the config is valid")
             return
-        ref = run_file(pipeline, list(set_ or []), runs_dir)
+        if worker:
+            from r3rag.experiment_jobs import work
+
+            return work(pipeline, list(set_ or []), runs_dir)
+        if jobs > 1:
+            from r3rag.experiment_jobs import run_jobs
+
+            ref = run_jobs(pipeline, list(set_ or []), runs_dir, jobs)
+        else:
+            ref = run_file(pipeline, list(set_ or []), runs_dir)
         print(ref.path)
 
     guard(go, debug)

@@ -37,6 +37,7 @@ import time
 from pathlib import Path
 
 from r3rag.artifacts import ArtifactRef, ArtifactWriter
+from r3rag.build_lock import ArtifactBusy, BuildLock
 from r3rag.errors import UserError
 from r3rag.experiment_seeds import expand_seeds
 from r3rag.pipeline import (
@@ -53,6 +54,7 @@ from r3rag.results_compare import build_comparisons, compare_spec, comparison_ma
 
 PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
 VARIANT_KEYS = {"stages", "set"}
+BUSY_POLL_SECONDS = 5.0  # a `--jobs` worker with nothing free to build looks again this often
 
 
 def parse_variants(path: Path, data: dict) -> dict[str, dict]:
@@ -77,6 +79,7 @@ def parse_variants(path: Path, data: dict) -> dict[str, dict]:
             stage = item.partition(".")[0].strip()
             if stage not in stages:
                 raise UserError(f"{where}.set: {item!r} names stage {stage!r}, not one of {', '.join(stages)}")
+            _check_placeholders(item, out, f"{where}.set")
         out[str(name)] = {"stages": stages, "set": sets}
     for label, source in data["table"].items():
         sources = source if isinstance(source, list) else [source]  # a list: one source per seed
@@ -88,6 +91,21 @@ def parse_variants(path: Path, data: dict) -> dict[str, dict]:
                     f"that runs eval (variants: {', '.join(out)})"
                 )
     return out
+
+
+def _check_placeholders(item: str, earlier: dict[str, dict], where: str) -> None:
+    """Every ${variant.stage} in `item` names a stage of an earlier variant (before any training;
+    a `--jobs` worker would otherwise wait forever for it)."""
+    for ref in PLACEHOLDER.findall(item):
+        variant, _, stage = ref.partition(".")
+        if stage not in earlier.get(variant, {}).get("stages", []):
+            named = ", ".join(f"{v}.{s}" for v in earlier for s in earlier[v]["stages"]) or "none"
+            raise UserError(f"{where}: ${{{ref}}} is not an artifact of an earlier variant (earlier: {named})")
+
+
+def placeholders(spec: dict) -> list[tuple[str, str]]:
+    """The (variant, stage) pairs a variant's `set` names with ${variant.stage}."""
+    return [tuple(ref.partition(".")[::2]) for item in spec["set"] for ref in PLACEHOLDER.findall(item)]
 
 
 def fill(item: str, built: dict[str, dict[str, ArtifactRef]] | None, where: str) -> str:
@@ -133,15 +151,44 @@ def run_experiment(path: Path, data: dict, overrides: list[str], runs_dir: Path 
     compare_spec(path, data)  # before hours of training, not after
     check_overrides(overrides, variants)
     console, t0 = Console(), time.time()
-    built: dict[str, dict[str, ArtifactRef]] = {}
-    for name, spec in variants.items():
-        console.rule(f"variant {name}")
-        per_stage = variant_overrides(path, name, spec, overrides, built)
-        built[name] = run_stages(path, data, spec["stages"], per_stage, runs_dir)
+    built = build_variants(path, data, variants, overrides, runs_dir, console)
     table = write_table(path, data, built, time.time() - t0, runs_dir, console)
     if results:  # last: the docs are generated from it, and it names the table artifact
         console.print(f"[green]results[/green]: wrote {write_results(results, path, data, built, table)}")
     return table
+
+
+def build_variants(
+    path: Path, data: dict, variants: dict, overrides: list[str], runs_dir, console, busy: str = "wait"
+) -> dict[str, dict[str, ArtifactRef]]:
+    """Every variant's artifacts {variant: {stage: ref}}, built or reused, in file order.
+    busy="skip" (a `run --jobs` worker, r3rag.experiment_jobs): a variant whose next stage another
+    process is building, or whose ${variant.stage} is not built yet, is set aside and retried
+    (the earliest first) until all are done; the others' artifacts are reused, not rebuilt."""
+    built: dict[str, dict[str, ArtifactRef]] = {}
+    pending, announced = list(variants), set()
+    blocked: dict[str, Path] = {}  # variant -> the artifact another process held when last tried
+    while pending:
+        for name in pending:
+            spec = variants[name]
+            if busy == "skip" and any(s not in built.get(v, {}) for v, s in placeholders(spec)):
+                continue
+            if name in blocked and BuildLock(blocked[name]).held_elsewhere():
+                continue  # still busy: checked by its lock, not by hashing the stage's inputs again
+            if name not in announced or busy == "wait":
+                console.rule(f"variant {name}")
+                announced.add(name)
+            per_stage = variant_overrides(path, name, spec, overrides, built)
+            try:
+                run_stages(path, data, spec["stages"], per_stage, runs_dir, built.setdefault(name, {}), busy)
+            except ArtifactBusy as busy_one:
+                blocked[name] = busy_one.final
+                continue
+            pending.remove(name)
+            break  # from the earliest again: the file's order stays the preferred one
+        else:  # every variant left waits on another process
+            time.sleep(BUSY_POLL_SECONDS)
+    return built
 
 
 def plan_experiment(path: Path, data: dict, overrides: list[str], runs_dir: Path | None) -> list[dict]:

@@ -80,6 +80,7 @@ def run_stage(
     bound: dict[str, ArtifactRef] | None = None,
     data: dict | None = None,
     status_only: bool = False,
+    busy: str = "wait",
 ) -> ArtifactRef:
     module = stage_module(stage)
     data = data if data is not None else _load_pipeline(config_path)
@@ -90,7 +91,7 @@ def run_stage(
     if bound and "model" in bound:  # `model: model:latest` anywhere (sft.model, eval.models.X.model...)
         section = _bind_latest(section, "model", str(bound["model"].path))
     cfg = stage_config(stage, section, overrides, f"{config_path}: {stage}" if config_path else stage)
-    ctx = Context(runs_dir=Path(runs_dir) if runs_dir else default_runs_dir(), status_only=status_only)
+    ctx = Context(runs_dir=Path(runs_dir) if runs_dir else default_runs_dir(), status_only=status_only, busy=busy)
     if status_only:  # found or not: said in the status table, not on the console
         ctx.console = Console(file=io.StringIO())
     with ctx.tidy_on_failure():
@@ -153,12 +154,21 @@ def run_pipeline(path: Path, overrides: list[str], runs_dir: Path | None, data: 
 
 
 def run_stages(
-    path: Path, data: dict, stages: list[str], per_stage: dict[str, list[str]], runs_dir: Path | None
+    path: Path,
+    data: dict,
+    stages: list[str],
+    per_stage: dict[str, list[str]],
+    runs_dir: Path | None,
+    bound: dict[str, ArtifactRef] | None = None,
+    busy: str = "wait",
 ) -> dict[str, ArtifactRef]:
-    """Run `stages` in order; returns each stage's artifact (bound as the next ones' `:latest`)."""
-    bound: dict[str, ArtifactRef] = {}
+    """Run `stages` in order; returns each stage's artifact (bound as the next ones' `:latest`).
+    Stages already in `bound` are not run again; `bound` fills as they finish, so a caller that
+    catches ArtifactBusy (busy="skip", r3rag.experiment_jobs) keeps what was done before it."""
+    bound = {} if bound is None else bound
     for stage in stages:
-        bound[stage] = run_stage(stage, path, per_stage[stage], runs_dir, bound=bound, data=data)
+        if stage not in bound:
+            bound[stage] = run_stage(stage, path, per_stage[stage], runs_dir, bound=bound, data=data, busy=busy)
     return bound
 
 

@@ -2,7 +2,8 @@
 
 Each stage's artifact id is computed as a run would compute it (its config and its inputs'
 content), and looked up: `done` (published), `in progress` (an SFT or RL run's work folder holds
-a checkpoint, or a synthesize or eval run's journal: a rerun resumes from it), `to do` (the next
+a checkpoint, or a synthesize or eval run's journal: a rerun resumes from it; "building now"
+where a running process holds its build lock, r3rag.build_lock), `to do` (the next
 stage to run), `waiting` (its inputs are not built yet, so its id is not known). A multi-day
 experiment (pipelines/replicate.yaml, three seeds a variant, resumed across sessions) shows what
 is left without starting it, and
@@ -24,6 +25,7 @@ import statistics
 from pathlib import Path
 
 from r3rag.artifacts import built_seconds, journal_file, work_dir
+from r3rag.build_lock import BuildLock
 from r3rag.checkpoints import last_complete_checkpoint, planned_steps, step_of
 from r3rag.errors import UserError
 from r3rag.experiment import parse_variants, variant_overrides
@@ -79,20 +81,24 @@ def _status_stages(path, data, stages, per_stage, runs_dir, bound) -> tuple[list
 
 def _unbuilt(missing: NotBuilt) -> dict:
     """`to do`, or `in progress` where a killed SFT or RL run left checkpoints to resume from, or
-    a killed synthesize or eval a journal of finished items (r3rag.journal)."""
+    a killed synthesize or eval a journal of finished items (r3rag.journal); "building now" where
+    a running r3rag process holds its build lock (r3rag.build_lock)."""
+    now = "building now, " if BuildLock(missing.final).held_elsewhere() else ""
     last = last_complete_checkpoint(work_dir(missing.final) / "checkpoints")
     if last:
         done, planned = step_of(last), planned_steps(last)
         return {
             "state": "in progress",
-            "detail": f"checkpoint at step {done} of {planned}",
+            "detail": f"{now}checkpoint at step {done} of {planned}",
             "done_share": done / planned if planned else 0.0,
         }
     journal = journal_file(missing.final)
     if journal.is_file() and journal.stat().st_size:
         with open(journal, "rb") as f:
             lines = sum(1 for _ in f)
-        return {"state": "in progress", "detail": f"journal of {lines} finished items ({missing.id})"}
+        return {"state": "in progress", "detail": f"{now}journal of {lines} finished items ({missing.id})"}
+    if now:
+        return {"state": "in progress", "detail": f"{now}{missing.id}"}
     return {"state": "to do", "detail": missing.id}
 
 

@@ -17,9 +17,10 @@ import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Literal
 
 from r3rag.artifacts import FILE, ArtifactRef, ArtifactWriter, default_runs_dir, file_sha256, load_manifest, resolve
+from r3rag.build_lock import ArtifactBusy, BuildLock
 from r3rag.config import hashed_settings
 from r3rag.errors import UserError
 from r3rag.jsonl import iter_numbered, read_jsonl, unique_by_id
@@ -51,17 +52,29 @@ class Context:
     console: Console = field(default_factory=_stderr_console)
     writers: list[ArtifactWriter] = field(default_factory=list)  # this command's, for `tidy_on_failure`
     status_only: bool = False  # `r3rag run --status`: find artifacts, build nothing (NotBuilt)
+    # An artifact another process is building (r3rag.build_lock): wait for it and reuse it, or
+    # (a `run --jobs` worker) raise ArtifactBusy and build something else meanwhile.
+    busy: Literal["wait", "skip"] = "wait"
+    locks: list[BuildLock] = field(default_factory=list)  # held until the stage returns
 
     @contextmanager
     def tidy_on_failure(self):
         """A command that fails (bad input, missing model, Ctrl-C) leaves no empty folders or work
-        files in the runs dir; an interrupted run's checkpoints and journal lines stay for --resume."""
+        files in the runs dir; an interrupted run's checkpoints and journal lines stay for --resume.
+        The stage's build locks are dropped either way."""
         try:
             yield self
         except BaseException:
+            self._release_locks()  # first: a lock file would keep the stage's new folder from being removed
             for w in reversed(self.writers):
                 w.discard()
             raise
+        finally:
+            self._release_locks()
+
+    def _release_locks(self) -> None:
+        for lock in self.locks:
+            lock.release()
 
     def writer(self, stage: str, cfg, inputs: dict[str, ArtifactRef], input_fields: dict[str, str]) -> ArtifactWriter:
         # Input refs ("world:latest" or a path) are hashed by content, not by how they were named;
@@ -72,7 +85,26 @@ class Context:
         self.writers.append(w)
         if self.status_only and not w.existing:
             raise NotBuilt(w.stage, w.id, w.final, cfg)
+        if not w.existing:
+            self._lock(w)
         return w
+
+    def _lock(self, w: ArtifactWriter) -> None:
+        """Hold `w`'s build lock; where another process holds it, wait (then reuse what it
+        published) or raise ArtifactBusy, as `busy` says."""
+        if os.environ.get("RANK", "0") != "0":  # under accelerate launch the main process holds it for all
+            return  # ranks (the others waiting on it would never join its training)
+        lock = BuildLock(w.final)
+        if not lock.acquire(wait=False):
+            if self.busy == "skip":
+                raise ArtifactBusy(w.final)
+            from rich.text import Text
+
+            self.console.print(Text(f"{w.stage}: {w.id} is being built by another r3rag process; waiting", style="dim"))
+            lock.acquire(wait=True)
+        self.locks.append(lock)
+        m = load_manifest(w.final)  # published by another process since `w` looked, even without a wait
+        w.existing = ArtifactRef(w.stage, w.id, w.final, m) if m else None
 
     # Text, not markup: the runs dir is the user's path, and rich would read `[x]` in it as a tag
     # and `:100:` as an emoji.
@@ -211,7 +243,10 @@ def process_state():
 
 
 def set_threads(n: int) -> None:
-    """CPU threads for torch; 0 = leave torch's default."""
+    """CPU threads for torch; 0 = leave torch's default. R3RAG_THREADS, where set (a `run --jobs`
+    worker's share of the cores), caps both."""
+    cap = int(os.environ.get("R3RAG_THREADS") or 0)
+    n = min(n, cap) if n > 0 and cap > 0 else n or cap
     if n > 0:
         import torch  # here, not at the top: `r3rag <stage> --help` imports this module; torch takes seconds
 
