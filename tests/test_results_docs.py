@@ -195,6 +195,7 @@ def test_an_experiment_writes_its_results_file(tmp_path, monkeypatch):
     assert main["em"] == rows["SFT"]["em"] and main["n"] == 6 and len(main["em_ci"]) == 2 and "f1_ci" in main
     assert main["dev_em"] == dev["em"] and main["dev_from"] == "dev/sft" and dev["split"] == "dev"
     assert main["steps"]["sft"] > 0 and main["train_seconds"] > 0 and main["eval_seconds"] > 0
+    assert main["compute"]["sft"]["jobs"] == 1 and main["compute"]["sft"]["threads"] >= 1  # a plain run, alone
     assert main["settings"]["sft.layers"] == 1 and main["settings"]["world.dev_clusters"] == 1
     assert "eval.split" not in main["settings"] and dev["settings"]["eval.split"] == "dev"  # only non-defaults
     assert "sft.world" not in main["settings"] and "eval.name" not in main["settings"]  # inputs: artifact ids

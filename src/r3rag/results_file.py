@@ -19,8 +19,9 @@ system's test-split metrics from its eval (em and em_ci: exact Clopper-Pearson f
 else bootstrap, r3rag.metrics.mean_ci; f1 and f1_ci; n), the eval split, dev EM where the
 experiment has it (an eval on the dev split of the same policy and retriever, else the rl
 stage's own dev evaluation), the policy's seed, optimizer steps per trained stage, training and
-eval seconds, the variant's `set` and every setting of its stages that differs from the default,
-and its artifact ids. r3rag.results_docs turns the file into the Markdown blocks of the docs.
+eval seconds with `compute` (each trained stage's threads and the `run --jobs` workers that shared
+the machine, where its manifest records them), the variant's `set` and every setting of its
+stages that differs from the default, and its artifact ids. r3rag.results_docs turns the file into the Markdown blocks of the docs.
 
 Usage:
     spec = results_spec(Path("pipelines/replicate.yaml"), data)   # None, or {"path", "tables"}, checked
@@ -141,6 +142,8 @@ def _run(variant: str, system: str, built: dict, sets: dict[str, list[str]]) -> 
         **_dev_em(variant, system, built),
         "steps": {s: refs[s].manifest["metrics"]["steps"] for s in trained if "steps" in refs[s].manifest["metrics"]},
         "train_seconds": train_seconds(system, refs),
+        # how each trained stage ran (threads, `run --jobs` workers sharing the machine): its seconds' context
+        "compute": {s: refs[s].manifest["compute"] for s in trained if "compute" in refs[s].manifest},
         "eval_seconds": m.get("seconds"),
         "set": sets.get(variant, []),
         "settings": {f"{s}.{k}": v for s, ref in refs.items() for k, v in _non_default(ref).items()},
