@@ -1,4 +1,4 @@
-"""`r3rag sft --resume`: a killed SFT run continues from its last checkpoint and ends where a
+"""`r3rag sft --resume` (and `base`): a killed run continues from its last checkpoint and ends where a
 straight run ends (weights, optimizer, scheduler, RNG and the data order restored)."""
 
 import pytest
@@ -107,3 +107,27 @@ def test_the_sampler_deals_the_orders_transformers_sampler_deals():
         dealt.append(list(ours))
     assert dealt + [torch.rand(2).tolist()] == expected
     assert len(set(map(tuple, dealt))) == 3  # three different orders
+
+
+BASE = ["worlds=2", "world_clusters=3", "layers=1", "hidden=32", "heads=2", "intermediate=64"]
+BASE += ["max_length=64", "batch_size=4", "epochs=2", "bf16=false", "lr=1e-2"]
+
+
+def test_a_resumed_base_run_ends_where_a_straight_run_ends(runs, monkeypatch):
+    """`r3rag base` resumes as `r3rag sft` does: killed after a checkpoint inside its second epoch
+    (whose shuffled order a resumed run must deal again), then rerun: the straight run's weights."""
+    straight = run_stage("base", None, [*BASE, "name=straight", "save_steps=0"], runs)
+    steps = straight.manifest["metrics"]["steps"]
+    every = max(1, steps // 4)
+    killed_at = next(s for s in range(every, steps, every) if s > steps // 2)  # in the second epoch
+    with monkeypatch.context() as m:
+        _kill_after_checkpoint(m, killed_at)
+        with pytest.raises(_Killed):
+            run_stage("base", None, [*BASE, "name=resumed", f"save_steps={every}"], runs)
+    resumed = run_stage("base", None, [*BASE, "name=resumed", f"save_steps={every}"], runs)  # resume=auto
+    m = resumed.manifest["metrics"]
+    assert m["resumed_from_step"] == killed_at and m["steps"] == steps and 0 < m["train_seconds_before_resume"]
+    assert not list((runs / "base").glob(".work-*"))  # the checkpoints go once the model is published
+    a, b = _weights(straight), _weights(resumed)
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6, msg=k)

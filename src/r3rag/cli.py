@@ -87,7 +87,7 @@ def _stage_command(stage: str):
 
 
 def _resumable_command(stage: str):
-    """`sft` and `rl` resume from checkpoints: `--resume` is `--set resume=true`."""
+    """`base`, `sft` and `rl` resume from checkpoints: `--resume` is `--set resume=true`."""
     base = _stage_command(stage)
 
     def command(
@@ -103,7 +103,7 @@ def _resumable_command(stage: str):
     return command
 
 
-RESUMABLE = ("sft", "rl")  # the stages whose Trainer checkpoints a killed run resumes from
+RESUMABLE = ("base", "sft", "rl")  # the stages whose Trainer checkpoints a killed run resumes from
 
 
 for _stage in STAGE_ORDER:

@@ -9,6 +9,10 @@ The text never comes from the evaluation world, and documents or questions that 
 entity of its test split are left out: the base model cannot answer held-out questions from
 memory, it only knows how the world's language works (as a real model knows English).
 
+A killed run continues from its last checkpoint when rerun with the same settings
+(`resume=auto`, the default; `--resume` insists, `resume=false` starts afresh): weights,
+optimizer, scheduler, RNG and the data order restored, as `r3rag sft`'s.
+
 Usage:
 
     r3rag base --set worlds=40 --set epochs=1
@@ -21,10 +25,15 @@ import random
 import shutil
 import time
 from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
 
+from r3rag.artifacts import work_dir
+from r3rag.checkpoints import prepare_work, step_of
+from r3rag.config import unhashed
 from r3rag.errors import UserError
 from r3rag.jsonl import read_jsonl
-from r3rag.stages.common import Context, resolve_inputs, set_threads
+from r3rag.stages.common import Context, process_state, resolve_inputs, set_threads
 
 INPUTS = {"world": "world"}
 
@@ -47,7 +56,10 @@ class Config:
     batch_size: int = 16  # sequences per step
     warmup_ratio: float = 0.03  # share of the steps the learning rate warms up over
     bf16: bool | str = "auto"  # bf16 autocast: true, false, or auto (where the GPU or CPU computes bf16 natively)
-    threads: int = 0  # CPU threads for torch (0 = torch's default)
+    threads: int = unhashed(0)  # CPU threads for torch (0 = torch's default): how fast, not what is trained
+    # checkpoints in runs/base/.work-<id>/ every N optimizer updates (0 = none): what a killed run resumes from
+    save_steps: int = unhashed(200)
+    resume: bool | Literal["auto"] = unhashed("auto")  # as sft.resume: auto, true (insist) or false (afresh)
     seed: int = 0  # the initial weights and the data order
 
 
@@ -56,6 +68,8 @@ def validate(cfg: Config) -> None:
         raise UserError("base.worlds: needs at least one fresh world")
     if cfg.max_length < 16:
         raise UserError("base.max_length: at least 16 tokens")
+    if cfg.save_steps < 0:
+        raise UserError(f"base.save_steps: expected 0 (no checkpoints) or a number of updates, got {cfg.save_steps}")
 
 
 def run(cfg: Config, ctx: Context):
@@ -65,16 +79,17 @@ def run(cfg: Config, ctx: Context):
     if writer.existing:
         return ctx.skipped(writer)
     set_threads(cfg.threads)
+    work = work_dir(writer.final)
+    resume_from = prepare_work(work, cfg.resume, "base", process_state())  # before any work: a clear error
     texts = corpus_texts(cfg, inputs["world"])
     tokenizer, model = _fresh_model(cfg, inputs["world"])
     with writer:
-        t0 = time.time()
-        stats = train_lm(model, tokenizer, texts, cfg, writer.dir / "checkpoints")
-        stats["model"].save_pretrained(writer.dir / "model", safe_serialization=True)
+        stats = train_lm(model, tokenizer, texts, cfg, work, resume_from)
+        writer.started = time.time() - stats["train_seconds"]  # the killed legs' training counts too
+        stats.pop("model").save_pretrained(writer.dir / "model", safe_serialization=True)
         tokenizer.save_pretrained(writer.dir / "model")
-        shutil.rmtree(writer.dir / "checkpoints", ignore_errors=True)
-        del stats["model"]
-        writer.metrics.update({**stats, "texts": len(texts), "train_seconds": round(time.time() - t0, 1)})
+        writer.metrics.update({**stats, "texts": len(texts)})
+    shutil.rmtree(work, ignore_errors=True)
     return ctx.done(writer)
 
 
@@ -127,11 +142,13 @@ def pack(texts: list[str], tokenizer, length: int) -> list[list[int]]:
     return [stream[i : i + length] for i in range(0, len(stream) - length + 1, length)]
 
 
-def train_lm(model, tokenizer, texts: list[str], cfg: Config, out_dir) -> dict:
+def train_lm(model, tokenizer, texts: list[str], cfg: Config, work: Path, resume_from: str | None = None) -> dict:
+    """Train on the packed texts; checkpoints go to `work`/checkpoints, and `resume_from` (one of
+    them) continues a killed run."""
     from datasets import Dataset
     from trl import SFTConfig
 
-    from r3rag.observe import show_progress
+    from r3rag.observe import TrainClock, show_progress
     from r3rag.trainers import FastSFTTrainer
     from r3rag.training import checkpointing_flag, device_flags
 
@@ -140,14 +157,16 @@ def train_lm(model, tokenizer, texts: list[str], cfg: Config, out_dir) -> dict:
         raise UserError(f"base: the fresh worlds' text is shorter than one sequence of {cfg.max_length} tokens")
     ds = Dataset.from_dict({"input_ids": seqs, "labels": seqs})
     args = SFTConfig(
-        output_dir=str(out_dir),
+        output_dir=str(Path(work) / "checkpoints"),
         num_train_epochs=cfg.epochs,
         per_device_train_batch_size=cfg.batch_size,
         learning_rate=cfg.lr,
         lr_scheduler_type="cosine",
         warmup_steps=cfg.warmup_ratio,
         logging_steps=20,
-        save_strategy="no",
+        save_strategy="steps" if cfg.save_steps else "no",
+        save_steps=cfg.save_steps or 500,  # (unused when save_strategy is "no")
+        save_total_limit=2,  # the newest, and the one before in case a kill cuts the newest short
         report_to=[],
         seed=cfg.seed,
         max_length=cfg.max_length,
@@ -158,13 +177,19 @@ def train_lm(model, tokenizer, texts: list[str], cfg: Config, out_dir) -> dict:
     )
     trainer = FastSFTTrainer(model=model, args=args, train_dataset=ds, processing_class=tokenizer)
     show_progress(trainer, "base")
-    result = trainer.train()
+    clock = TrainClock(resume_from, Path(work) / "metrics.jsonl")
+    trainer.add_callback(clock)
+    result = trainer.train(resume_from_checkpoint=resume_from)
     n_tokens = len(seqs) * cfg.max_length
+    seconds = clock.seconds()  # every leg's training
     return {
         "model": trainer.model,
         "train_loss": round(result.training_loss, 4),
         "tokens_per_epoch": n_tokens,
         "steps": result.global_step,
         "parameters": sum(p.numel() for p in trainer.model.parameters()),
-        "tokens_per_second": round(n_tokens * cfg.epochs / max(result.metrics["train_runtime"], 1e-9), 1),
+        "tokens_per_second": round(n_tokens * cfg.epochs / max(seconds, 1e-9), 1),
+        "train_seconds": round(seconds, 1),
+        "train_seconds_before_resume": round(clock.before, 1),
+        "resumed_from_step": step_of(resume_from),
     }
