@@ -3,6 +3,7 @@
 
 import json
 import os
+import signal
 import subprocess
 import sys
 import textwrap
@@ -142,3 +143,40 @@ def test_jobs_build_each_artifact_once_and_write_the_table(tmp_path):
         assert json.loads((d / "manifest.json").read_text())["compute"]["jobs"] == 2
     sft = json.loads((next(d for d in published if d.parent.name == "sft") / "manifest.json").read_text())
     assert sft["compute"] == {"jobs": 2, "threads": threads}
+
+
+def _workers_of(runs: Path) -> list[int]:
+    """Live `--worker` processes building in `runs` (from /proc: no extra library)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            cmd = (proc / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if b"--worker" in cmd and str(runs).encode() in cmd:
+            pids.append(int(proc.name))
+    return pids
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGKILL])
+def test_stopping_run_jobs_stops_its_workers(tmp_path, sig):
+    """`kill` of `run --jobs` (SIGTERM: it stops them; SIGKILL: the kernel tells them) leaves no
+    worker training on unwatched."""
+    from tests.test_experiment import _experiment
+
+    path, runs = _experiment(tmp_path), tmp_path / "runs"
+    parent = subprocess.Popen(
+        [sys.executable, "-m", "r3rag.cli", "run", str(path), "--jobs", "2", "--runs-dir", str(runs)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    deadline = time.time() + 60
+    while len(_workers_of(runs)) < 2 and time.time() < deadline:
+        time.sleep(0.2)
+    assert len(_workers_of(runs)) == 2
+    parent.send_signal(sig)
+    assert parent.wait(timeout=60) != 0
+    deadline = time.time() + 30
+    while _workers_of(runs) and time.time() < deadline:
+        time.sleep(0.2)
+    assert _workers_of(runs) == []

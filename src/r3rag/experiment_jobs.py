@@ -23,7 +23,9 @@ Usage:
 
 from __future__ import annotations
 
+import ctypes
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -35,6 +37,7 @@ from r3rag.experiment import build_variants, check_overrides, parse_variants, ru
 from r3rag.experiment_seeds import expand_seeds
 from r3rag.pipeline import is_experiment, load_pipeline
 
+PR_SET_PDEATHSIG = 1  # linux/prctl.h
 SHOWN = (": wrote ", "Error", "error:")  # worker log lines worth repeating here
 
 
@@ -49,6 +52,7 @@ def run_jobs(path: Path, overrides: list[str], runs_dir: Path | None, jobs: int)
         for i in range(jobs)
     ]
     print(f"run --jobs {jobs}: workers' output in {logs}", file=sys.stderr)
+    previous = signal.signal(signal.SIGTERM, _interrupt)  # `kill` of this process stops the workers too
     try:
         failed = _watch(workers)
     except KeyboardInterrupt:  # the workers stop too; their checkpoints and journals stay for a rerun
@@ -57,6 +61,8 @@ def run_jobs(path: Path, overrides: list[str], runs_dir: Path | None, jobs: int)
         for proc, _, _ in workers:
             proc.wait()
         raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
     if failed:
         raise UserError(failed[0])
     return run_file(path, overrides, runs_dir)  # everything reused: the table and results file
@@ -86,8 +92,23 @@ def _start(path: Path, overrides: list[str], runs_dir: Path, i: int, jobs: int, 
     cmd = [sys.executable, "-m", "r3rag.cli", "run", str(path), "--worker", "--runs-dir", str(runs_dir)]
     cmd += [arg for item in overrides for arg in ("--set", item)]
     handle = open(log, "w")  # noqa: SIM115 - the worker writes it until it exits; closed in _watch
-    proc = subprocess.Popen(cmd, stdout=handle, stderr=subprocess.STDOUT, env=worker_env(i, jobs))
+    proc = subprocess.Popen(
+        cmd, stdout=handle, stderr=subprocess.STDOUT, env=worker_env(i, jobs), preexec_fn=_die_with_parent
+    )
     return proc, log, handle
+
+
+def _interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
+def _die_with_parent() -> None:
+    """In a worker, before it starts (Linux): SIGTERM when the `run --jobs` process dies, even by
+    SIGKILL, so no worker trains on unwatched."""
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    except (OSError, AttributeError):  # not Linux: the parent's own handlers still stop them
+        pass
 
 
 def worker_env(i: int, jobs: int) -> dict[str, str]:
