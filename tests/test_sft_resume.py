@@ -113,6 +113,7 @@ BASE = ["worlds=2", "world_clusters=3", "layers=1", "hidden=32", "heads=2", "int
 BASE += ["max_length=64", "batch_size=4", "epochs=2", "bf16=false", "lr=1e-2"]
 
 
+@pytest.mark.slow  # ~50 s: three base trainings; the mechanism is sft's, tested above in the default suite
 def test_a_resumed_base_run_ends_where_a_straight_run_ends(runs, monkeypatch):
     """`r3rag base` resumes as `r3rag sft` does: killed after a checkpoint inside its second epoch
     (whose shuffled order a resumed run must deal again), then rerun: the straight run's weights."""
