@@ -15,6 +15,7 @@ import yaml
 
 from r3rag.build_lock import ArtifactBusy, BuildLock
 from r3rag.pipeline import run_stage
+from r3rag.run_status import status_file
 from r3rag.stages.common import NotBuilt
 from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
 from tests.conftest import TINY_WORLD
@@ -55,6 +56,11 @@ def test_a_busy_artifact_is_waited_for_and_reused_or_set_aside(tmp_path, capsys)
     final = _world_final(runs)
     builder = _start_slow_builder(runs)
     assert BuildLock(final).held_elsewhere()
+    pipeline = tmp_path / "p.yaml"  # the same world as a pipeline file: `run --status` sees it being built
+    pipeline.write_text(yaml.safe_dump({"name": "default", "world": TINY_WORLD}))
+    assert status_file(pipeline, [], runs) == [
+        {"stage": "world", "state": "in progress", "detail": f"building now, {final.name}"}
+    ]
     with pytest.raises(ArtifactBusy):  # a --jobs worker: told at once, builds something else meanwhile
         run_stage("world", None, WORLD, runs, busy="skip")
     t0 = time.time()
