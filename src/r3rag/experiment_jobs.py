@@ -13,8 +13,9 @@ Each worker's output goes to runs/.jobs/<name>-<i>.log; this process prints what
 Every artifact's manifest says how it was built (`compute`: threads, jobs): its seconds are the
 wall time of a run that shared the machine.
 
-Measured on 2 AVX2 cores with the replication's tiny model (2026-12-02): two 1-thread
-processes did 1.71x the eval generation of one 2-thread process, and 1.34x its SFT training.
+Measured on 2 AVX2 cores with the replication's cold start (benchmarks/parallel_jobs.py,
+2026-12-02): two 1-thread processes did 1.61x the eval generation of one 2-thread process, and
+1.45x its SFT training.
 
 Usage:
     r3rag run pipelines/replicate.yaml --jobs 2
