@@ -39,13 +39,24 @@ def lock_file(final: Path) -> Path:
     return final.parent / f".lock-{final.name}"
 
 
+# This process's locks, path -> [descriptor, holders]: flock excludes other processes, and a
+# second writer for the same artifact in this one (a test, a library caller) must not wait on itself.
+_HELD: dict[Path, list[int]] = {}
+
+
 class BuildLock:
     def __init__(self, final: Path):
         self.path = lock_file(final)
-        self._fd: int | None = None
+        self._holding = False
 
     def acquire(self, wait: bool) -> bool:
         """Take the lock; False (wait=False) when another process holds it."""
+        if self._holding:
+            return True
+        if self.path in _HELD:  # already this process's
+            _HELD[self.path][1] += 1
+            self._holding = True
+            return True
         self.path.parent.mkdir(parents=True, exist_ok=True)
         while True:
             fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -55,21 +66,27 @@ class BuildLock:
                 os.close(fd)
                 return False
             if _same_file(fd, self.path):
-                self._fd = fd
+                _HELD[self.path] = [fd, 1]
+                self._holding = True
                 return True
             os.close(fd)  # its holder removed the file on release: lock the one now at the path
 
     def release(self) -> None:
-        """Drop the lock and remove the file (no lock files left in the runs dir). A process that
-        opened the removed file meanwhile sees that on locking it, and locks the new one."""
-        if self._fd is not None:
+        """Drop the lock (the last holder in this process removes the file: no lock files are
+        left in the runs dir; a process that opened it meanwhile sees that and locks the new one)."""
+        if not self._holding:
+            return
+        self._holding = False
+        held = _HELD[self.path]
+        held[1] -= 1
+        if held[1] == 0:
+            del _HELD[self.path]
             self.path.unlink(missing_ok=True)
-            os.close(self._fd)  # closing the descriptor drops the flock
-            self._fd = None
+            os.close(held[0])  # closing the descriptor drops the flock
 
     def held_elsewhere(self) -> bool:
         """Whether another process holds the lock now (for status; takes and drops it if free)."""
-        if not self.path.exists():
+        if self.path in _HELD or not self.path.exists():
             return False
         if not self.acquire(wait=False):
             return True
