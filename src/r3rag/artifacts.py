@@ -27,6 +27,7 @@ import os
 import re
 import shutil
 import socket
+import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -320,8 +321,6 @@ class ArtifactWriter:
 def compute_share() -> dict:
     """What the build ran on, for reading its `seconds`: torch's CPU threads (where torch was
     loaded) and how many `r3rag run --jobs` workers shared the machine (R3RAG_JOBS; 1 alone)."""
-    import sys
-
     torch = sys.modules.get("torch")
     share = {"jobs": int(os.environ.get("R3RAG_JOBS") or 1)}
     if torch is not None:

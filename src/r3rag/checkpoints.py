@@ -75,3 +75,9 @@ def _whole_json(path: Path) -> bool:
 def step_of(checkpoint: str | None) -> int:
     """checkpoint-N's N (0 for None)."""
     return int(Path(checkpoint).name.rsplit("-", 1)[1]) if checkpoint else 0
+
+
+def check_save_steps(stage: str, save_steps: int) -> None:
+    """`<stage>.save_steps`: 0 (no checkpoints) or a number of optimizer updates."""
+    if save_steps < 0:
+        raise UserError(f"{stage}.save_steps: expected 0 (no checkpoints) or a number of updates, got {save_steps}")

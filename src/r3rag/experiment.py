@@ -96,16 +96,22 @@ def parse_variants(path: Path, data: dict) -> dict[str, dict]:
 def _check_placeholders(item: str, earlier: dict[str, dict], where: str) -> None:
     """Every ${variant.stage} in `item` names a stage of an earlier variant (before any training;
     a `--jobs` worker would otherwise wait forever for it)."""
-    for ref in PLACEHOLDER.findall(item):
-        variant, _, stage = ref.partition(".")
+    for variant, stage in _refs(item):
         if stage not in earlier.get(variant, {}).get("stages", []):
             named = ", ".join(f"{v}.{s}" for v in earlier for s in earlier[v]["stages"]) or "none"
-            raise UserError(f"{where}: ${{{ref}}} is not an artifact of an earlier variant (earlier: {named})")
+            raise UserError(
+                f"{where}: ${{{variant}.{stage}}} is not an artifact of an earlier variant (earlier: {named})"
+            )
+
+
+def _refs(item: str) -> list[tuple[str, str]]:
+    """The (variant, stage) pairs `item` names with ${variant.stage}."""
+    return [tuple(ref.partition(".")[::2]) for ref in PLACEHOLDER.findall(item)]
 
 
 def placeholders(spec: dict) -> list[tuple[str, str]]:
     """The (variant, stage) pairs a variant's `set` names with ${variant.stage}."""
-    return [tuple(ref.partition(".")[::2]) for item in spec["set"] for ref in PLACEHOLDER.findall(item)]
+    return [ref for item in spec["set"] for ref in _refs(item)]
 
 
 def fill(item: str, built: dict[str, dict[str, ArtifactRef]] | None, where: str) -> str:
@@ -175,7 +181,7 @@ def build_variants(
                 continue
             if name in blocked and BuildLock(blocked[name]).held_elsewhere():
                 continue  # still busy: checked by its lock, not by hashing the stage's inputs again
-            if name not in announced or busy == "wait":
+            if name not in announced:  # once: a worker may try a variant many times
                 console.rule(f"variant {name}")
                 announced.add(name)
             per_stage = variant_overrides(path, name, spec, overrides, built)

@@ -57,7 +57,7 @@ from r3rag.grpo_batch import (  # noqa: F401  (re-exported: r3rag.grpo is where 
 from r3rag.grpo_settings import GRPOSettings, check_settings
 from r3rag.metrics import exact_match, f1_score
 from r3rag.protocol import Protocol
-from r3rag.training import checkpointing_flag, device_flags
+from r3rag.training import checkpointing_flag, device_flags, save_flags
 
 
 class Timed:
@@ -276,9 +276,7 @@ def build_trainer(
         max_completion_length=cfg.max_completion_tokens,
         reward_weights=weights,
         logging_steps=1,
-        save_strategy="steps" if cfg.save_steps else "no",
-        save_steps=cfg.save_steps or 500,
-        save_total_limit=cfg.keep_checkpoints,
+        **save_flags(cfg.save_steps, cfg.keep_checkpoints),
         report_to=list(cfg.report_to) or "none",
         seed=cfg.seed,
         **checkpointing_flag(cfg.gradient_checkpointing),

@@ -156,6 +156,13 @@ def checkpointing_flag(enabled: bool) -> dict:
     return {"activation_checkpointing" if "activation_checkpointing" in fields else "gradient_checkpointing": enabled}
 
 
+def save_flags(save_steps: int, keep: int = 2) -> dict:
+    """Trainer flags for the checkpoints a killed run resumes from: every `save_steps` optimizer
+    updates (0 = none), the newest `keep` kept (2: the newest, and the one before in case a kill
+    cuts the newest short)."""
+    return {"save_strategy": "steps" if save_steps else "no", "save_steps": save_steps or 500, "save_total_limit": keep}
+
+
 def device_flags(bf16: bool | str) -> dict:
     """Trainer flags: CPU when there is no GPU; bf16 autocast where the hardware has it ("auto") or as asked."""
     import torch  # here, not at the top: stage modules import this one, and `r3rag <stage> --help` its stage

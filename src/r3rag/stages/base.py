@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Literal
 
 from r3rag.artifacts import work_dir
-from r3rag.checkpoints import prepare_work, step_of
+from r3rag.checkpoints import check_save_steps, prepare_work, step_of
 from r3rag.config import unhashed
 from r3rag.errors import UserError
 from r3rag.jsonl import read_jsonl
@@ -68,8 +68,7 @@ def validate(cfg: Config) -> None:
         raise UserError("base.worlds: needs at least one fresh world")
     if cfg.max_length < 16:
         raise UserError("base.max_length: at least 16 tokens")
-    if cfg.save_steps < 0:
-        raise UserError(f"base.save_steps: expected 0 (no checkpoints) or a number of updates, got {cfg.save_steps}")
+    check_save_steps("base", cfg.save_steps)
 
 
 def run(cfg: Config, ctx: Context):
@@ -150,7 +149,7 @@ def train_lm(model, tokenizer, texts: list[str], cfg: Config, work: Path, resume
 
     from r3rag.observe import TrainClock, show_progress
     from r3rag.trainers import FastSFTTrainer
-    from r3rag.training import checkpointing_flag, device_flags
+    from r3rag.training import checkpointing_flag, device_flags, save_flags
 
     seqs = pack(texts, tokenizer, cfg.max_length)
     if not seqs:
@@ -164,9 +163,7 @@ def train_lm(model, tokenizer, texts: list[str], cfg: Config, work: Path, resume
         lr_scheduler_type="cosine",
         warmup_steps=cfg.warmup_ratio,
         logging_steps=20,
-        save_strategy="steps" if cfg.save_steps else "no",
-        save_steps=cfg.save_steps or 500,  # (unused when save_strategy is "no")
-        save_total_limit=2,  # the newest, and the one before in case a kill cuts the newest short
+        **save_flags(cfg.save_steps),
         report_to=[],
         seed=cfg.seed,
         max_length=cfg.max_length,

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Literal
 
 from r3rag.artifacts import work_dir
-from r3rag.checkpoints import prepare_work, step_of
+from r3rag.checkpoints import check_save_steps, prepare_work, step_of
 from r3rag.config import hashed_when_set, unhashed
 from r3rag.errors import UserError
 from r3rag.jsonl import read_jsonl
@@ -96,8 +96,7 @@ class Config:
 
 
 def validate(cfg: Config) -> None:
-    if cfg.save_steps < 0:
-        raise UserError(f"sft.save_steps: expected 0 (no checkpoints) or a number of updates, got {cfg.save_steps}")
+    check_save_steps("sft", cfg.save_steps)
     if cfg.max_steps < 0:
         raise UserError(
             f"sft.max_steps: expected 0 (from epochs) or a number of optimizer updates, got {cfg.max_steps}"
@@ -195,7 +194,7 @@ def train_sft(model, tokenizer, rows, cfg: Config, work: Path, ctx: Context, pro
 
     from r3rag.observe import TrainClock, show_progress
     from r3rag.trainers import FastSFTTrainer
-    from r3rag.training import checkpointing_flag, device_flags
+    from r3rag.training import checkpointing_flag, device_flags, save_flags
 
     if cfg.view == "step":
         encoded = [s for r in rows for s in tokenize_steps(r, tokenizer, cfg.max_length, protocol)]
@@ -213,9 +212,7 @@ def train_sft(model, tokenizer, rows, cfg: Config, work: Path, ctx: Context, pro
         warmup_steps=cfg.warmup_ratio,
         weight_decay=cfg.weight_decay,
         logging_steps=20,
-        save_strategy="steps" if cfg.save_steps else "no",
-        save_steps=cfg.save_steps or 500,  # (unused when save_strategy is "no")
-        save_total_limit=2,  # the newest, and the one before in case a kill cuts the newest short
+        **save_flags(cfg.save_steps),
         report_to=[],
         seed=cfg.seed,
         max_length=cfg.max_length,
