@@ -37,7 +37,9 @@ def test_status_finds_built_stages_and_builds_nothing(tmp_path):
     assert _status(changed, runs) == {"world": "to do"}  # other settings: another artifact
     out = r3rag_inprocess("run", three, "--status", "--runs-dir", runs)
     assert out.returncode == 0 and "2 done, 0 in progress, 1 to do, 0 waiting (of 3 stages)" in out.stdout
-    assert "no estimate of the time left yet" in out.stdout and "h left" not in out.stdout  # nothing to go by
+    assert (
+        "no estimate of the time left yet" in out.stdout and "h of build time left" not in out.stdout
+    )  # nothing to go by
 
 
 def test_an_experiment_variant_waits_for_the_variant_it_names(tmp_path):

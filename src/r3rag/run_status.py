@@ -157,7 +157,9 @@ def print_status(rows: list[dict], path: Path) -> None:
         if unknown and not seconds:  # nothing to go by: "~0.0 h left" would mislead
             console.print("no estimate of the time left yet: no left stage has run anywhere")
             return
-        guess = f"~{seconds / 3600:.1f} h left, by the same stages' times at other seeds"
+        # A sum of one stage after another: under `run --jobs N` the wall time is lower (~1.3-1.5x
+        # on 2 cores, benchmarks/parallel_jobs.py), and times measured under --jobs run longer.
+        guess = f"~{seconds / 3600:.1f} h of build time left (one stage at a time), by the same stages' times at other seeds"
         if rough:
             guess += f" ({rough} stages, not yet run at any seed, by other variants' same stage: rough)"
         console.print(guess + (f"; {unknown} stages have no figure at all (not counted)" if unknown else ""))
