@@ -73,6 +73,13 @@ def tiny_model(
     return AutoModelForCausalLM.from_config(config)
 
 
+def tiny_model_from(tokenizer, cfg, min_positions: int):
+    """tiny_model with a stage config's shape fields (arch, layers, hidden, heads, intermediate,
+    seed), positions for at least max(cfg.max_length, min_positions) tokens: `base` and `sft`."""
+    shape = (cfg.arch, cfg.layers, cfg.hidden, cfg.heads, cfg.intermediate)
+    return tiny_model(tokenizer, *shape, max_positions=max(cfg.max_length, min_positions), seed=cfg.seed)
+
+
 def _check_local_path(name_or_path: str | Path) -> None:
     """A hub id is "name" or "org/name"; anything else is a path and must exist."""
     name = str(name_or_path)

@@ -120,17 +120,7 @@ def _fresh_model(cfg: Config, world_ref):
 
     vocab = (world_ref.path / "vocab.txt").read_text().split()
     tokenizer = modeling.train_word_tokenizer([" ".join(vocab), "Question :"])
-    model = modeling.tiny_model(
-        tokenizer,
-        cfg.arch,
-        cfg.layers,
-        cfg.hidden,
-        cfg.heads,
-        cfg.intermediate,
-        max_positions=max(cfg.max_length, 1024),
-        seed=cfg.seed,
-    )
-    return tokenizer, model
+    return tokenizer, modeling.tiny_model_from(tokenizer, cfg, min_positions=1024)
 
 
 def pack(texts: list[str], tokenizer, length: int) -> list[list[int]]:

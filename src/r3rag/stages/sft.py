@@ -159,16 +159,7 @@ def _base_model(cfg: Config, inputs, rows):
             + [t["text"] for r in rows[:2000] for t in r["turns"]]
         )
         tokenizer = modeling.train_word_tokenizer(texts)
-        model = modeling.tiny_model(
-            tokenizer,
-            cfg.arch,
-            cfg.layers,
-            cfg.hidden,
-            cfg.heads,
-            cfg.intermediate,
-            max_positions=max(cfg.max_length, 512),
-            seed=cfg.seed,
-        )
+        model = modeling.tiny_model_from(tokenizer, cfg, min_positions=512)
     else:
         location = _policy_model_dir(model_location(cfg.model, inputs))
         tokenizer = modeling.load_tokenizer(location)
