@@ -120,6 +120,7 @@ def test_the_new_settings_are_in_the_artifact_hash_and_checked(tmp_path):
         (Config(epsilon_high=0.1), "rl.epsilon_high: expected at least"),
         (Config(process_credit="step", loss_type="vespo"), "weighs whole sequences"),
         (Config(eval_every=-1), "rl.eval_every: expected 0 or more"),
+        (Config(save_steps=-1), "rl.save_steps: expected 0 .no checkpoints."),
     ):
         with pytest.raises(UserError, match=needle):
             validate(cfg)

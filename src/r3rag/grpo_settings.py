@@ -15,6 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+from r3rag.checkpoints import check_save_steps
 from r3rag.config import check_literals, unhashed
 from r3rag.env import EnvSettings
 from r3rag.errors import UserError
@@ -90,6 +91,7 @@ def check_settings(cfg: GRPOSettings) -> None:
     ):
         if value < 0:
             raise UserError(f"rl.{name}: expected 0 or more, got {value}")
+    check_save_steps("rl", cfg.save_steps)  # as base and sft: a negative one reached the Trainer
     if cfg.epsilon_high is not None and cfg.epsilon_high < cfg.epsilon:
         raise UserError(
             f"rl.epsilon_high: expected at least rl.epsilon ({cfg.epsilon}) (clip-higher widens the "
