@@ -76,7 +76,7 @@ def dense_section(work: Path, args, state: dict) -> dict:
     shard_dir = Path(args.dense_shards) if args.dense_shards else work / "dense_shards"
     t0 = time.perf_counter()
     fingerprint = hashlib.sha256(json.dumps([len(texts), texts[0], texts[-1]]).encode()).hexdigest()
-    shards = encode_corpus(texts, shard_dir, enc, fingerprint, chunk_size=args.dense_chunk_size)
+    shards = encode_corpus(texts, shard_dir, enc, fingerprint, args.dense_chunk_size, progress=_chunk_lines(len(texts)))
     encode_s = time.perf_counter() - t0
     rate = shards.encoded_rows / encode_s if shards.encoded_rows else None  # None: all chunks were on disk
     print(f"  encoded {len(texts)} passages ({synthesized} synthesized), {shards.encoded} chunks now: {encode_s:.0f}s")
@@ -115,6 +115,17 @@ def dense_section(work: Path, args, state: dict) -> dict:
     }
     print(f"  {json.dumps({k: round(v, 4) if isinstance(v, float) else v for k, v in out.items()})}")
     return out
+
+
+def _chunk_lines(total: int):
+    """A line a chunk, so a log shows how far an hours-long CPU encoding has got (resumed chunks count at once)."""
+    t0, done = time.perf_counter(), [0]
+
+    def advance(rows: int) -> None:
+        done[0] += rows
+        print(f"  encode: {done[0]}/{total} passages on disk, {time.perf_counter() - t0:.0f}s", flush=True)
+
+    return advance
 
 
 def _search_all(index, s: dict, q: np.ndarray, vectors) -> tuple[np.ndarray, float]:
