@@ -132,3 +132,29 @@ def test_a_resumed_base_run_ends_where_a_straight_run_ends(runs, monkeypatch):
     a, b = _weights(straight), _weights(resumed)
     for k in a:
         torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6, msg=k)
+
+
+@pytest.mark.parametrize("lora", [False, True])
+def test_activation_checkpointing_trains_the_same_weights(runs, monkeypatch, lora):
+    """sft.gradient_checkpointing recomputes activations in the backward pass: switched on in the
+    model the Trainer trains, and the same weights as without it (LoRA's adapters included, whose
+    frozen inputs need grads switched on for the recompute to reach them)."""
+    from transformers import PreTrainedModel
+
+    enabled = []
+    real = PreTrainedModel.activation_checkpointing_enable
+    monkeypatch.setattr(
+        PreTrainedModel,
+        "activation_checkpointing_enable",
+        lambda self, *a, **kw: enabled.append(type(self).__name__) or real(self, *a, **kw),
+    )
+    extra = [f"lora={str(lora).lower()}", "save_steps=0", "epochs=0.5"]
+    plain = run_stage("sft", None, [*RUN, *extra, f"name=plain-gc{lora}"], runs)
+    assert not enabled
+    recomputed = run_stage("sft", None, [*RUN, *extra, f"name=gc{lora}", "gradient_checkpointing=true"], runs)
+    assert enabled, "the Trainer never switched activation checkpointing on"
+    a, b = _weights(plain), _weights(recomputed)
+    init = _weights(run_stage("sft", None, [*RUN, *extra, f"name=init-gc{lora}", "max_steps=1", "lr=0"], runs))
+    assert any(not torch.equal(a[k], init[k]) for k in a)  # it trained
+    for k in a:
+        torch.testing.assert_close(b[k], a[k], rtol=1e-5, atol=1e-6, msg=k)
