@@ -141,12 +141,13 @@ def test_activation_checkpointing_trains_the_same_weights(runs, monkeypatch, lor
     frozen inputs need grads switched on for the recompute to reach them)."""
     from transformers import PreTrainedModel
 
-    enabled = []
-    real = PreTrainedModel.activation_checkpointing_enable
+    enabled = []  # earlier 5.x releases of transformers name the method gradient_checkpointing_enable
+    name = next(
+        n for n in ("activation_checkpointing_enable", "gradient_checkpointing_enable") if hasattr(PreTrainedModel, n)
+    )
+    real = getattr(PreTrainedModel, name)
     monkeypatch.setattr(
-        PreTrainedModel,
-        "activation_checkpointing_enable",
-        lambda self, *a, **kw: enabled.append(type(self).__name__) or real(self, *a, **kw),
+        PreTrainedModel, name, lambda self, *a, **kw: enabled.append(type(self).__name__) or real(self, *a, **kw)
     )
     extra = [f"lora={str(lora).lower()}", "save_steps=0", "epochs=0.5"]
     plain = run_stage("sft", None, [*RUN, *extra, f"name=plain-gc{lora}"], runs)
