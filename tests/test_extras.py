@@ -17,7 +17,7 @@ import pytest
 from tests.cli_helpers import assert_one_line_error
 
 # The import names of every optional package (pyproject.toml's extras).
-BLOCKED = ("faiss", "rank_bm25", "fastapi", "uvicorn", "uvloop", "matplotlib", "gguf", "vllm")
+BLOCKED = ("faiss", "rank_bm25", "fastapi", "uvicorn", "uvloop", "httptools", "matplotlib", "gguf", "vllm")
 
 BLOCK = f"""
 import importlib.machinery, sys

@@ -16,6 +16,8 @@ MAX_HEADER_BYTES, more is a 400 that closes the connection; idle keep-alive conn
 plain-text one; clients retry 5xx). Where each lives: the body limits are ASGI middleware
 (`server_guards.BodyLimits`, for every route), the header deadline wraps uvicorn's HTTP protocol
 (`server_guards.with_header_deadline`: uvicorn has no such setting), the rest are uvicorn settings.
+The HTTP parser is httptools' when it is installed (the [server] extra has it; uvicorn's header-size
+bound applied to it by `server_guards.BoundedHttpTools`), else h11's (`server_guards.default_protocol`).
 
 Batching. Retrievers are fastest on big batches (bm25s scores a whole batch in one sparse
 product), and a trainer's rollouts send many small concurrent requests. So request
@@ -64,7 +66,7 @@ require("uvicorn", "server", "r3rag serve-retriever")
 from r3rag.retrieval.server_guards import BodyLimits, with_header_deadline  # noqa: E402
 
 DEFAULT_TOPK = 3  # Search-R1's retrieval_topk when a request gives none
-MAX_HEADER_BYTES = 8 * 1024  # an unfinished request line and headers (h11's buffer); clients send ~200 bytes
+MAX_HEADER_BYTES = 8 * 1024  # an unfinished request line and headers (either parser); clients send ~200 bytes
 MAX_CONNECTIONS = 512  # bounds memory: each in-flight request may hold up to max_body_bytes
 
 
@@ -284,12 +286,13 @@ def _validate(body, max_batch: int, max_topk: int, max_query_chars: int) -> tupl
     return queries, topk, with_scores
 
 
-def uvicorn_config(app, log_level: str, header_timeout: float, max_connections: int):
+def uvicorn_config(app, log_level: str, header_timeout: float, max_connections: int, protocol=None):
     """The uvicorn.Config every server here runs under (`running`, `serving.serve` and its workers): the
-    header deadline around `app`, the header-size, connection and keep-alive limits of the module docstring."""
+    header deadline around `app`, the header-size, connection and keep-alive limits of the module docstring.
+    `protocol`: uvicorn's HTTP protocol class to wrap (tests); None = server_guards.default_protocol()."""
     import uvicorn
 
-    app, http = with_header_deadline(app, header_timeout)
+    app, http = with_header_deadline(app, header_timeout, protocol)
     return uvicorn.Config(
         app,
         http=http,
@@ -298,7 +301,7 @@ def uvicorn_config(app, log_level: str, header_timeout: float, max_connections: 
         lifespan="on",
         proxy_headers=False,
         ws="none",  # no websocket routes; and an upgrade would swap HeaderDeadline out
-        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,  # BoundedHttpTools takes it too
         limit_concurrency=max_connections,
         timeout_keep_alive=5,
     )
@@ -311,12 +314,14 @@ def running(
     port: int = 0,
     header_timeout: float = 10.0,
     max_connections: int = MAX_CONNECTIONS,
+    protocol=None,
 ):
-    """Serve `app` from a background thread; yields its base URL and stops it on exit."""
+    """Serve `app` from a background thread; yields its base URL and stops it on exit. `protocol`: as
+    for uvicorn_config."""
     import uvicorn
 
     sock = bind_socket(host, port)  # bound here so the port (0 = any free one) is known before serving
-    server = uvicorn.Server(uvicorn_config(app, "warning", header_timeout, max_connections))
+    server = uvicorn.Server(uvicorn_config(app, "warning", header_timeout, max_connections, protocol))
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
     thread.start()
     try:

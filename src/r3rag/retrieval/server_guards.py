@@ -5,16 +5,28 @@
     with_header_deadline   (app, http) for `uvicorn.Config(app, http=http)`: a connection that has
                            not sent a request's headers `timeout` s after opening (or after its
                            previous response) is closed.
+    default_protocol       the HTTP protocol it wraps unless told: httptools' parser when installed
+                           (BoundedHttpTools), else h11's, as uvicorn's own http="auto" chooses.
 
 Why the header deadline is not a uvicorn setting: uvicorn has none (its issue #157 lists
 `--timeout-request-start` as still to do). `timeout_keep_alive` starts only after a first
 response and every received byte cancels it, so a client that connects and sends nothing, or
 sends its headers a byte at a time (slow loris), holds a connection forever; and ASGI
 middleware cannot see a request before its headers are complete. So the deadline lives in a
-protocol that wraps uvicorn's h11 protocol, the one thing here that names a uvicorn internal
-(`H11Protocol`, the class uvicorn's public `http="h11"` resolves to). It wraps it through
-asyncio's public Protocol interface only: it forwards every callback, and learns when headers
-are in from the ASGI side (the app is called) rather than from uvicorn's parser state.
+protocol that wraps uvicorn's HTTP protocol (any class that `http=` takes, one instance a
+connection): it wraps it through asyncio's public Protocol interface only: it forwards every
+callback, and learns when headers are in from the ASGI side (the app is called) rather than from
+the parser's state.
+
+Which parser: httptools (llhttp, in C) when installed. A /retrieve request of 64 queries cost the
+server ~0.75 ms of CPU with it against ~0.99 with h11, the deadline included in both (canned
+hits; `benchmarks/server_http.py`); the deadline itself costs ~0.03-0.05 ms. But uvicorn bounds
+unfinished headers (`h11_max_incomplete_event_size`) for h11 only: httptools buffers a request
+line and headers however long they grow. BoundedHttpTools applies that same setting to
+httptools; it is the one subclass of a uvicorn protocol here, and what it overrides are
+httptools' parser callbacks (its documented callback interface, which uvicorn's protocol
+implements) and data_received. The uvicorn internals named: `H11Protocol` and
+`HttpToolsProtocol`, the classes uvicorn's public `http="h11"` and `http="httptools"` resolve to.
 """
 
 from __future__ import annotations
@@ -26,7 +38,13 @@ import json
 
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
+try:  # the [server] extra installs httptools; without it uvicorn parses with h11 (as its http="auto" does)
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+except ImportError:
+    HttpToolsProtocol = None
+
 _DISCONNECT = {"type": "http.disconnect"}
+H11_DEFAULT_MAX_INCOMPLETE = 16 * 1024  # h11's bound on unfinished headers, uvicorn's when not set
 
 
 class BodyLimits:
@@ -116,10 +134,18 @@ async def send_detail(send, status: int, detail: str, close: bool = False) -> No
 _CONNECTION: contextvars.ContextVar[HeaderDeadline | None] = contextvars.ContextVar("r3rag_connection", default=None)
 
 
-def with_header_deadline(app, timeout: float, protocol=H11Protocol):
-    """(app, http) for `uvicorn.Config(app, http=http, ...)`: `protocol` with a header deadline,
-    and `app` wrapped to tell each connection when a request's headers are in and when it is done."""
+def with_header_deadline(app, timeout: float, protocol=None):
+    """(app, http) for `uvicorn.Config(app, http=http, ...)`: `protocol` (default_protocol() when None)
+    with a header deadline, and `app` wrapped to tell each connection when a request's headers are
+    in and when it is done."""
+    protocol = default_protocol() if protocol is None else protocol
     return _RequestSignals(app), functools.partial(HeaderDeadline, protocol=protocol, timeout=timeout)
+
+
+def default_protocol() -> type[asyncio.Protocol]:
+    """BoundedHttpTools when httptools is installed, else uvicorn's H11Protocol (both take uvicorn's
+    `h11_max_incomplete_event_size` as their bound on unfinished headers)."""
+    return H11Protocol if HttpToolsProtocol is None else BoundedHttpTools
 
 
 class HeaderDeadline(asyncio.Protocol):
@@ -199,3 +225,51 @@ class _RequestSignals:
             await self.app(scope, receive, send)
         finally:
             connection.request_finished()
+
+
+if HttpToolsProtocol is not None:
+
+    class BoundedHttpTools(HttpToolsProtocol):
+        """uvicorn's httptools protocol, with unfinished request lines and headers bounded as uvicorn
+        bounds them for h11: more than `config.h11_max_incomplete_event_size` bytes (h11's 16 KiB
+        when unset) is a 400 that closes the connection. httptools itself holds a header however
+        long it grows (and copies the growing value again at each read), and tells nothing until
+        the header is complete; so this counts the bytes of the reads between the parser's
+        `on_message_begin` and `on_headers_complete`. A read that begins a request may also hold
+        earlier requests' bodies (not counted: `on_body`) and, pipelined, whole header blocks
+        (counted): an upper bound, exact for a client that waits for each response."""
+
+        def __init__(self, config, *args, **kwargs):
+            super().__init__(config, *args, **kwargs)
+            limit = config.h11_max_incomplete_event_size
+            self.max_header_bytes = H11_DEFAULT_MAX_INCOMPLETE if limit is None else limit
+            self._in_headers = False  # a request has begun and its headers are not complete
+            self._began = False  # ... and it began in the read being parsed
+            self._body_bytes = 0  # body bytes in the read being parsed
+            self._header_bytes = 0  # the unfinished request line and headers held, at most
+
+        def data_received(self, data: bytes) -> None:
+            self._began, self._body_bytes = False, 0
+            super().data_received(data)
+            if not self._in_headers:
+                self._header_bytes = 0
+            elif self._began:
+                self._header_bytes = len(data) - self._body_bytes
+            else:
+                self._header_bytes += len(data)
+            if self._header_bytes > self.max_header_bytes and not self.transport.is_closing():
+                msg = f"Request line and headers over {self.max_header_bytes} bytes."
+                self.logger.warning(msg)
+                self.send_400_response(msg)  # closes the connection
+
+        def on_message_begin(self) -> None:
+            self._in_headers = self._began = True
+            super().on_message_begin()
+
+        def on_headers_complete(self) -> None:
+            self._in_headers = False
+            super().on_headers_complete()
+
+        def on_body(self, body: bytes) -> None:
+            self._body_bytes += len(body)
+            super().on_body(body)
