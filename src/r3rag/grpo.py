@@ -46,6 +46,7 @@ from transformers import TrainerCallback
 
 from r3rag.env import run_rollouts
 from r3rag.errors import UserError
+from r3rag.generation.vllm import INSTALL_HINT, guard_module_scan
 from r3rag.grpo_batch import (  # noqa: F401  (re-exported: r3rag.grpo is where callers find them)
     check_whole_groups,
     completion_logprobs,
@@ -194,10 +195,27 @@ def resolve_vllm(mode: str) -> str:
         return "colocate" if installed and torch.cuda.is_available() else ""
     if mode and not installed:
         raise UserError(
-            f"rl.vllm={mode}: vLLM is not installed (pip install 'trl[vllm]'); "
-            "set rl.vllm='' to generate with transformers"
+            f"rl.vllm={mode}: vLLM is not installed ({INSTALL_HINT}); set rl.vllm='' to generate with transformers"
         )
     return mode
+
+
+def trl_vllm_flags(cfg: GRPOSettings) -> dict:
+    """GRPOConfig's vLLM flags. On the CPU (vLLM's CPU build) TRL's `vllm_gpu_memory_utilization`
+    would be read as a share of RAM, refused when that much is not free: the KV cache is sized in
+    GiB instead, through the variable vLLM's CPU backend reads (a user's own setting wins)."""
+    import torch
+
+    if cfg.vllm == "colocate" and not torch.cuda.is_available():
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.vllm_kv_cache_gb))
+        guard_module_scan()  # TRL starts the engine in this process
+    return dict(
+        use_vllm=True,
+        vllm_mode=cfg.vllm,
+        vllm_server_base_url=cfg.vllm_server_url or None,
+        vllm_gpu_memory_utilization=cfg.vllm_gpu_memory,
+        vllm_max_model_length=cfg.vllm_max_model_len or None,
+    )
 
 
 def world_size() -> int:
@@ -237,16 +255,7 @@ def build_trainer(
     check_settings(cfg)
     funcs, weights = trl_reward_funcs(scorer)
     cfg = replace(cfg, vllm=resolve_vllm(cfg.vllm))  # "auto" -> the backend this machine has
-    vllm = (
-        dict(
-            use_vllm=True,
-            vllm_mode=cfg.vllm,
-            vllm_server_base_url=cfg.vllm_server_url or None,
-            vllm_gpu_memory_utilization=cfg.vllm_gpu_memory,
-        )
-        if cfg.vllm
-        else {}
-    )
+    vllm = trl_vllm_flags(cfg) if cfg.vllm else {}
     per_device = per_device_batch(cfg)
     if cfg.dynamic_sampling and per_device * cfg.steps_per_generation * cfg.grad_accum % cfg.num_generations:
         raise UserError(

@@ -63,6 +63,8 @@ class GRPOSettings(EnvSettings):  # top_k, max_turns, max_new_tokens: r3rag.env
     vllm: VllmMode = "auto"
     vllm_server_url: str = ""  # vllm=server: TRL's vLLM server
     vllm_gpu_memory: float = 0.3  # vllm=colocate: share of the GPU's memory vLLM takes
+    vllm_kv_cache_gb: int = unhashed(2)  # vllm=colocate on the CPU: RAM for vLLM's KV cache, in GiB
+    vllm_max_model_len: int = unhashed(0)  # vllm=colocate: vLLM's context in tokens (0: the model's own)
     # model
     bf16: bool | str = "auto"  # true, false or auto (bf16 where supported)
     gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, slower

@@ -34,6 +34,8 @@ LIBRARY_ENV = {
     "ACCELERATE_LOG_LEVEL": "error",  # loggers made by accelerate.logging.get_logger: accelerate's and TRL's
     # Plain tqdm bars the switches above miss (transformers' GGUF conversion); r3rag's own bars are rich.
     "TQDM_DISABLE": "1",
+    # vLLM logs each engine start in ~60 INFO lines (its engine core, a spawned process, reads this too).
+    "VLLM_LOGGING_LEVEL": "WARNING",
 }
 LIBRARY_LOGGERS = ("transformers", "trl", "datasets", "accelerate", "huggingface_hub", "peft", "torch")
 # UserWarnings raised inside these packages are theirs to fix, not the user's; ours (r3rag.*) still show.

@@ -113,10 +113,11 @@ def load_system(
     batch_size: int,
     static_cache: bool = False,
     backend: str = "transformers",
-    engines: dict | None = None,
+    engines=None,
 ) -> System:
     """`policy_path`: the resolved artifact when `spec.model` is a policy artifact. `backend`:
-    transformers, or vllm (a vLLM engine loads the same weights; `engines` caches them by weights)."""
+    transformers, or vllm (a vLLM engine loads the same weights; `engines`, an
+    `r3rag.generation.vllm.EnginePool`, starts each set of weights once)."""
     check_spec(label, spec)
     system = _build_system(label, spec, policy_path, batch_size, static_cache, backend, engines)
     system.top_k = spec.top_k
@@ -130,7 +131,7 @@ def _build_system(
     batch_size: int,
     static_cache: bool,
     backend: str,
-    engines: dict | None,
+    engines,
 ) -> System:
     if spec.scripted:
         protocol = Protocol(name=spec.protocol, template=spec.template, doc_style=spec.doc_style)
@@ -138,7 +139,7 @@ def _build_system(
     if spec.endpoint:
         return _endpoint_system(label, spec)
     if backend == "vllm":
-        return _vllm_system(label, spec, policy_path, {} if engines is None else engines)
+        return _vllm_system(label, spec, policy_path, engines)
     from r3rag.generation.hf import HFGenerator
     from r3rag.modeling import load_model, load_policy, load_tokenizer
 
@@ -173,16 +174,14 @@ def weights_source(spec: SystemSpec, policy_path: Path | None) -> str:
     return str(policy_path / "model") if policy_path is not None else spec.model
 
 
-def _vllm_system(label: str, spec: SystemSpec, policy_path: Path | None, engines: dict) -> System:
-    from r3rag.generation.vllm import LLMGenerator, load_llm, require_vllm
+def _vllm_system(label: str, spec: SystemSpec, policy_path: Path | None, engines) -> System:
+    from r3rag.generation.vllm import EnginePool, LLMGenerator, require_vllm
     from r3rag.modeling import load_tokenizer
 
     require_vllm("eval.backend=vllm")
     source = weights_source(spec, policy_path)
     tokenizer = load_tokenizer(source)
-    if source not in engines:
-        engines[source] = load_llm(source, dtype=spec.dtype)
-    llm = engines[source]
+    llm = (engines or EnginePool()).get(source, spec.dtype)
     return System(
         label,
         spec.mode,

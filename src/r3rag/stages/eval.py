@@ -52,6 +52,7 @@ from r3rag.errors import UserError
 from r3rag.eval_metrics import print_table, stage_seconds, summarize, to_prediction
 from r3rag.eval_resume import EvalChunks
 from r3rag.eval_tables import comparison_table, dataset_table, paired_comparisons
+from r3rag.generation.vllm import EnginePool, EngineSettings
 from r3rag.journal import Journal
 from r3rag.jsonl import read_jsonl, write_jsonl
 from r3rag.judge import AnswerJudge, JudgeSpec
@@ -87,7 +88,11 @@ class Config(EnvSettings, QuestionSource):  # top_k, max_turns, max_new_tokens; 
     batch_size: int = 128  # sequences per generate call; hashed: sampled draws depend on the batches
     # transformers systems: compiled static-cache decoding (GPUs); how to decode, not what is measured (same tokens)
     static_cache: bool = unhashed(False)
-    backend: Literal["transformers", "vllm"] = "transformers"  # vllm: model systems use an in-process engine (GPUs)
+    backend: Literal["transformers", "vllm"] = "transformers"  # vllm: model systems use an in-process vLLM engine
+    # backend=vllm: the engine's size (how to run, not what is measured; see r3rag.generation.vllm.EngineSettings)
+    vllm_max_model_len: int = unhashed(0)  # longest trajectory in tokens (0: the model's context length)
+    vllm_gpu_memory: float = unhashed(0.9)  # on a GPU: the share of its memory the engine takes
+    vllm_kv_cache_gb: float = unhashed(2.0)  # on the CPU: RAM for the engine's KV cache
     temperature: float = 0.0  # 0 = greedy
     n_samples: int = 1  # draws per question when sampling
     judge: JudgeSpec = field(default_factory=JudgeSpec)  # an LLM judge adding judge_acc (judge.endpoint "" = none)
@@ -128,7 +133,7 @@ def run(cfg: Config, ctx: Context):
     questions = cfg.read_questions(inputs)
     judge = AnswerJudge.from_spec(cfg.judge, "eval.judge") if cfg.judge.endpoint else None
     check_vllm_weights(cfg, specs, policies)
-    engines: dict = {}  # vLLM engines by weights: direct, rag and sft on the sft policy share one
+    engines = EnginePool(EngineSettings(cfg.vllm_max_model_len, cfg.vllm_gpu_memory, cfg.vllm_kv_cache_gb))
     with Journal(journal_file(writer.final)) as journal, writer:
         t0, chunks = time.time(), EvalChunks(journal)
         results, predictions = {}, []
