@@ -3,6 +3,7 @@ send (token-id prompts, stop strings, sampling settings, the engine's size) and 
 results back. tests/test_vllm_real.py runs the same paths on vLLM's CPU build (`make test-vllm`)."""
 
 import importlib.machinery
+import json
 import sys
 import types
 from types import SimpleNamespace
@@ -192,3 +193,41 @@ def test_an_engine_that_cannot_start_is_one_line(fake_vllm, monkeypatch):
         UserError, match=r"^vLLM could not start an engine for m: Engine core .* above\. Failed core proc\(s\): \{\}$"
     ):
         load_llm("m")
+
+
+def test_an_engine_that_dies_mid_eval_is_one_line_and_the_rerun_resumes(pipeline_runs, fake_vllm, monkeypatch):
+    from r3rag.errors import UserError
+    from r3rag.pipeline import run_stage
+
+    errors = types.ModuleType("vllm.exceptions")
+
+    class VLLMError(Exception):  # vLLM's base class; its EngineDeadError says this when the core is gone
+        pass
+
+    errors.VLLMError = VLLMError
+    monkeypatch.setitem(sys.modules, "vllm.exceptions", errors)
+    runs, refs = pipeline_runs
+    calls = []
+    generate = FakeLLM.generate
+
+    def dies_on_the_third_call(self, prompts, sampling_params, use_tqdm=True):
+        calls.append(len(prompts))
+        if len(calls) == 3:
+            raise VLLMError("EngineCore encountered an issue. See stack trace (above) for the root cause.")
+        return generate(self, prompts, sampling_params, use_tqdm)
+
+    init = FakeLLM.__init__
+    monkeypatch.setattr(FakeLLM, "__init__", lambda self, model, **kw: init(self, model, reply=[7, 8], **kw))
+    monkeypatch.setattr(FakeLLM, "generate", dies_on_the_third_call)
+    pinned = [f"{s}={refs[s].path}" for s in ("world", "index", "sft")]
+    settings = ["systems=[sft]", "rl=", "limit=10", "batch_size=1", "max_turns=1", "backend=vllm", "name=dies"]
+    with pytest.raises(UserError, match=r"vLLM engine failed mid-run \(EngineCore .*\); .*rerun the same command"):
+        run_stage("eval", None, [*settings, *pinned], runs)  # chunks of 4 questions: two done, the third dies
+    (journal,) = (runs / "eval").glob(".journal-dies-*.jsonl")
+    assert len(journal.read_text().splitlines()) == 2
+    monkeypatch.setattr(FakeLLM, "generate", generate)
+    FakeLLM.made = []
+    ref = run_stage("eval", None, [*settings, *pinned], runs)
+    (engine,) = FakeLLM.made
+    assert [len(p) for p, _ in engine.calls] == [2]  # only the last two questions were generated again
+    assert json.loads((ref.path / "metrics.json").read_text())["systems"]["sft"]["n"] == 10

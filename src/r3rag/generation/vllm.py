@@ -113,6 +113,15 @@ def max_model_len(llm) -> int | None:
     return getattr(config, "max_model_len", None)
 
 
+def engine_errors() -> tuple[type, ...]:
+    """vLLM's own exceptions (an engine core that died raises EngineDeadError, one of them)."""
+    try:
+        from vllm.exceptions import VLLMError
+    except ImportError:
+        return ()
+    return (VLLMError,)
+
+
 def check_fits(llm, prompts: list[list[int]], max_new_tokens: int, setting: str) -> None:
     """vLLM refuses a request whose prompt and new tokens exceed its max_model_len: one line naming
     the setting, before the batch is sent (transformers has no such bound below the model's own)."""
@@ -188,7 +197,13 @@ class LLMGenerator:
     def generate(self, contexts: list[Trajectory], stop: tuple[str, ...], max_new_tokens: int) -> list[Generated]:
         prompts = [c.context_ids() for c in contexts]
         check_fits(self.llm, prompts, max_new_tokens, self.length_setting)
-        done = sample(self.llm, prompts, stop, max_new_tokens, self.temperature, self.top_p, self.seed)
+        try:
+            done = sample(self.llm, prompts, stop, max_new_tokens, self.temperature, self.top_p, self.seed)
+        except engine_errors() as e:  # its engine core died (killed, out of memory): nothing more will answer
+            said = " ".join(str(e).split())[:300]
+            raise UserError(
+                f"the vLLM engine failed mid-run ({said}); what was finished is kept: rerun the same command to resume"
+            ) from e
         return [to_generated(self.tokenizer, ids, finish, lps) for ids, finish, lps in done]
 
 
