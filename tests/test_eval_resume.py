@@ -33,11 +33,11 @@ def test_a_killed_eval_resumes_where_it_stopped_and_writes_a_straight_runs_predi
     real, calls = eval_stage.run_rollouts, []
 
     def killed_after(n):
-        def rollouts(batch, *args):
+        def rollouts(batch, *args, **kwargs):
             if len(calls) == n:
                 raise RuntimeError("killed")
             calls.append([q["id"] for q in batch])
-            return real(batch, *args)
+            return real(batch, *args, **kwargs)
 
         return rollouts
 

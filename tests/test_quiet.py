@@ -62,18 +62,22 @@ def test_configure_verbose_leaves_the_libraries_alone():
     assert "FutureWarning" in out.stderr and "log warning" in out.stderr
 
 
-def test_step_progress_prints_a_line_per_tenth_off_a_terminal():
+def test_step_progress_prints_a_line_per_tenth_off_a_terminal(monkeypatch):
     from rich.console import Console
     from transformers import TrainerControl, TrainerState
 
+    import r3rag.progress
     from r3rag.observe import StepProgress
 
+    clock = [0.0]
+    monkeypatch.setattr(r3rag.progress, "monotonic", lambda: clock[0])
     stream = io.StringIO()
     progress = StepProgress("sft", Console(file=stream, force_terminal=False, width=200))
     state, control = TrainerState(max_steps=20), TrainerControl()
     args = None  # StepProgress reads the state only
     progress.on_train_begin(args, state, control)
     for step in range(1, 21):
+        clock[0] += 2.0  # 2 s a step
         state.global_step = step
         progress.on_step_end(args, state, control)
         if step % 5 == 0:  # logging_steps=5: the line of step 10 waits for step 10's loss
@@ -82,10 +86,37 @@ def test_step_progress_prints_a_line_per_tenth_off_a_terminal():
     progress.on_train_end(args, state, control)
     lines = stream.getvalue().splitlines()
     assert len(lines) == 10, lines
-    assert lines[0] == "sft: step 2/20"
-    assert lines[2] == "sft: step 6/20, loss 0.4"
-    assert lines[4] == "sft: step 10/20, loss 0.2"
-    assert lines[-1] == "sft: step 20/20, loss 0.1"
+    assert lines[0] == "sft: step 2/20, 2 s/step, ETA 36 s"
+    assert lines[2] == "sft: step 6/20, loss 0.4, 2 s/step, ETA 28 s"
+    assert lines[4] == "sft: step 10/20, loss 0.2, 2 s/step, ETA 20 s"
+    assert lines[-1] == "sft: step 20/20, loss 0.1, 2 s/step"  # done: no ETA
+
+
+def test_step_progress_prints_a_line_a_step_once_30_s_have_passed(monkeypatch):
+    """Slow steps (SmolLM2's SFT on 2 CPU cores: ~90 s): a line a tenth of the run would come
+    hours apart; a step ending LINE_SECONDS after the last line gets one. A resumed run's rate
+    is that of its own steps."""
+    from rich.console import Console
+    from transformers import TrainerControl, TrainerState
+
+    import r3rag.progress
+    from r3rag.observe import StepProgress
+
+    clock = [0.0]
+    monkeypatch.setattr(r3rag.progress, "monotonic", lambda: clock[0])
+    stream = io.StringIO()
+    progress = StepProgress("rl", Console(file=stream, force_terminal=False, width=200))
+    state, control = TrainerState(max_steps=100, global_step=40), TrainerControl()  # resumed at step 40
+    progress.on_train_begin(None, state, control)
+    for step in range(41, 101):
+        clock[0] += 12.0
+        state.global_step = step
+        progress.on_step_end(None, state, control)
+    progress.on_train_end(None, state, control)
+    lines = stream.getvalue().splitlines()
+    steps = [int(line.split()[2].split("/")[0]) for line in lines]
+    assert steps[:4] == [43, 46, 49, 50] and steps[-1] == 100  # every 36 s, and at each tenth
+    assert lines[0] == "rl: step 43/100, 12 s/step, ETA 11 min"  # 57 steps left at 12 s
 
 
 def test_step_progress_draws_a_bar_on_a_terminal_and_prints_no_lines():

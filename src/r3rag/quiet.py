@@ -1,7 +1,8 @@
 """Library noise off unless `r3rag --verbose`: Hugging Face progress bars, logging and FutureWarnings.
 
-r3rag's own output stays: one line per stage (`sft: wrote ...`), a rich progress display over a
-stage's long loop (r3rag.stages.common.Context.progress, r3rag.observe.StepProgress for training).
+r3rag's own output stays: one line per stage (`sft: wrote ...`), progress over a stage's long loop
+(r3rag.progress: a rich display on a terminal, plain lines with rate and ETA in a log file; through
+r3rag.stages.common.Context.progress, and r3rag.observe.StepProgress for training).
 What goes is what the libraries print on their own: transformers' "Loading weights" and "Writing
 model shards" bars, datasets' map bars ("Truncating train dataset ... examples/s"), the Trainer's
 tqdm bar and the dicts it prints, TRL's and transformers' FutureWarnings and log warnings.

@@ -26,6 +26,7 @@ import json
 import os
 import shutil
 import tempfile
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -88,15 +89,18 @@ class Encoder:
         self.dim = int(self.model.config.hidden_size)
 
     @torch.inference_mode()
-    def encode(self, texts: list[str], batch_size: int, normalize: bool, progress: bool = False) -> np.ndarray:
+    def encode(
+        self, texts: list[str], batch_size: int, normalize: bool, progress: Callable[[int], None] | None = None
+    ) -> np.ndarray:
+        """`progress(n)` after each batch of n texts."""
         # Longest first, so each batch pads to similar lengths (and an out-of-memory shows up at once).
         order = sorted(range(len(texts)), key=lambda i: -len(texts[i]))
         out = np.zeros((len(texts), self.model.config.hidden_size), dtype=np.float32)
-        with _progress(len(texts) if progress else 0) as advance:
-            for start in range(0, len(texts), batch_size):
-                idx = order[start : start + batch_size]
-                out[idx] = self._embed([texts[i] for i in idx], normalize)
-                advance(len(idx))
+        for start in range(0, len(texts), batch_size):
+            idx = order[start : start + batch_size]
+            out[idx] = self._embed([texts[i] for i in idx], normalize)
+            if progress:
+                progress(len(idx))
         return out
 
     def _embed(self, texts: list[str], normalize: bool) -> np.ndarray:
@@ -114,26 +118,40 @@ class Encoder:
         return emb.cpu().numpy()
 
 
-class _progress:
-    """A rich progress bar over n items (n = 0: none); yields an `advance(count)` function."""
+class _EncodingProgress:
+    """Progress over encoding a corpus (r3rag.progress; `n` = 0: none), batch by batch: `encoder`
+    advances it by each batch it encodes; `on_chunk` (encode_corpus's progress, called for every
+    chunk) counts a chunk that was on disk already (a resumed build) without timing it."""
 
-    def __init__(self, n: int):
-        self.n, self.bar = n, None
+    def __init__(self, n: int, encoder: Encoder):
+        self.n, self.inner, self.dim = n, encoder, encoder.dim
+        self.progress, self.task, self.batched = None, 0, 0
 
-    def __enter__(self):
-        if not self.n:
-            return lambda count: None
-        from rich.console import Console
-        from rich.progress import Progress
+    def __enter__(self) -> _EncodingProgress:
+        if self.n:
+            from rich.console import Console
 
-        self.bar = Progress(console=Console(stderr=True), transient=True)
-        self.bar.start()
-        task = self.bar.add_task("encoding passages", total=self.n)
-        return lambda count: self.bar.advance(task, count)
+            from r3rag.progress import Progress
 
-    def __exit__(self, *exc):
-        if self.bar:
-            self.bar.stop()
+            self.progress = Progress(Console(stderr=True)).__enter__()
+            self.task = self.progress.add_task("index: encoding", total=self.n, unit="passages")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.progress:
+            self.progress.__exit__(*exc)
+
+    def encode(self, texts: list[str], batch_size: int, normalize: bool) -> np.ndarray:
+        return self.inner.encode(texts, batch_size, normalize, progress=self._batch if self.progress else None)
+
+    def _batch(self, rows: int) -> None:
+        self.batched += rows
+        self.progress.advance(self.task, rows)
+
+    def on_chunk(self, rows: int) -> None:
+        if self.progress and not self.batched:
+            self.progress.skip(self.task, rows)
+        self.batched = 0
 
 
 class PassageTexts:
@@ -294,16 +312,16 @@ class DenseRetriever:
 def _encode(docs, work_dir: Path, enc: Encoder, settings: dict, chunk_size: int):
     keys = ("encoder", "pooling", "passage_prefix", "normalize", "max_length")
     fingerprint = json.dumps({**{k: settings[k] for k in keys}, "corpus": corpus_fingerprint(docs)}, sort_keys=True)
-    with _progress(len(docs) if len(docs) >= PROGRESS_MIN_DOCS else 0) as advance:
+    with _EncodingProgress(len(docs) if len(docs) >= PROGRESS_MIN_DOCS else 0, enc) as counted:
         return encode_corpus(
             PassageTexts(docs, settings["passage_prefix"]),
             work_dir,
-            enc,
+            counted,
             fingerprint,
             chunk_size=chunk_size,
             batch_size=settings["batch_size"],
             normalize=settings["normalize"],
-            progress=advance,
+            progress=counted.on_chunk,
         )
 
 

@@ -27,7 +27,8 @@ from r3rag.jsonl import iter_numbered, read_jsonl, unique_by_id
 
 if TYPE_CHECKING:
     from rich.console import Console
-    from rich.progress import Progress
+
+    from r3rag.progress import Progress
 
 
 def _stderr_console() -> Console:
@@ -121,17 +122,12 @@ class Context:
         return w.ref
 
     def progress(self) -> Progress:
-        # Imported here: `r3rag <stage> --help` imports this module, and needs no progress bar.
-        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+        """A long loop's progress (r3rag.progress): a rich display with rate and ETA on a terminal,
+        a plain line at most every LINE_SECONDS in a log file."""
+        # Imported here: `r3rag <stage> --help` imports this module, and needs no progress display.
+        from r3rag.progress import Progress
 
-        return Progress(
-            TextColumn("{task.description}"),
-            BarColumn(),
-            MofNCompleteColumn(),
-            TimeElapsedColumn(),
-            console=self.console,
-            transient=True,
-        )
+        return Progress(self.console)
 
 
 def resolve_inputs(cfg, input_fields: dict[str, str], ctx: Context) -> dict[str, ArtifactRef]:

@@ -305,7 +305,7 @@ def evaluate_system(
     n_samples = cfg.n_samples if cfg.temperature > 0 else 1
     rows, seconds, chunk = [], 0.0, cfg.batch_size * 4
     with ctx.progress() as progress:
-        task = progress.add_task(f"eval {label}", total=len(questions) * n_samples)
+        task = progress.add_task(f"eval: {label}", total=len(questions) * n_samples, unit="questions")
         for sample in range(n_samples):
             gen = system.make_generator(cfg.temperature, cfg.seed + sample)
             for lo in range(0, len(questions), chunk):
@@ -313,14 +313,25 @@ def evaluate_system(
                 hi = lo + len(batch)
                 done = chunks.done(label, sample, lo, hi)
                 if done is None:
-                    t0 = time.perf_counter()
-                    trajs = run_rollouts(batch, gen, retriever, system.protocol, env_cfg, system.tokenizer)
+                    t0, before = time.perf_counter(), len(rows)
+                    # a chunk's questions count as their trajectories finish, turn by turn
+                    trajs = run_rollouts(
+                        batch,
+                        gen,
+                        retriever,
+                        system.protocol,
+                        env_cfg,
+                        system.tokenizer,
+                        on_turn=lambda finished, _, before=before: progress.update(task, before + finished),
+                    )
                     new = [to_prediction(label, t, q, sample) for t, q in zip(trajs, batch)]
                     done = {"rows": new, "seconds": time.perf_counter() - t0}
                     chunks.record(label, sample, lo, hi, new, done["seconds"], sampled=cfg.temperature > 0)
+                    progress.update(task, before + len(batch))  # those cut at max_turns too
+                else:
+                    progress.skip(task, len(batch))  # journaled by a killed run: counted, not timed
                 rows += done["rows"]
                 seconds += done["seconds"]
-                progress.advance(task, len(batch))
     return rows, seconds
 
 

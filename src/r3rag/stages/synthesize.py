@@ -222,8 +222,9 @@ def _sources(cfg: Config, inputs) -> list[tuple[str, list[dict], object]]:
 def _synthesize(cfg: Config, ctx: Context, sources, protocol: Protocol, journal: Journal) -> None:
     total = sum(len(qs) for _, qs, _ in sources)
     with ctx.progress() as progress:
-        task = progress.add_task("synthesize: questions", total=total, completed=len(journal.done))
-        calls = progress.add_task("teacher requests", total=None) if cfg.teacher == "openai" else None
+        # journaled questions (a killed run's) count as done, not in the rate
+        task = progress.add_task("synthesize:", total=total, completed=len(journal.done), unit="questions")
+        calls = progress.add_task("synthesize:", unit="teacher requests") if cfg.teacher == "openai" else None
         if len(journal.done) >= total:  # a rerun after the last question was journaled
             return
         teacher = _teacher(cfg, protocol, on_result=lambda i, r: progress.advance(calls))
