@@ -88,6 +88,7 @@ def load_llm(model: str, dtype: str = "auto", settings: EngineSettings = EngineS
     vLLM cannot run) is one line with vLLM's own words on it; its log above says the rest."""
     from vllm import LLM
 
+    guard_module_scan()  # where the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
     try:
         return LLM(model=model, dtype=dtype, seed=seed, **engine_kwargs(settings))
     except (RuntimeError, ValueError, OSError) as e:
