@@ -46,7 +46,7 @@ from transformers import TrainerCallback
 
 from r3rag.env import run_rollouts
 from r3rag.errors import UserError
-from r3rag.generation.vllm import INSTALL_HINT, guard_module_scan
+from r3rag.generation.vllm import INSTALL_HINT, guard_module_scan, on_gpu
 from r3rag.grpo_batch import (  # noqa: F401  (re-exported: r3rag.grpo is where callers find them)
     check_whole_groups,
     completion_logprobs,
@@ -204,9 +204,7 @@ def trl_vllm_flags(cfg: GRPOSettings) -> dict:
     """GRPOConfig's vLLM flags. On the CPU (vLLM's CPU build) TRL's `vllm_gpu_memory_utilization`
     would be read as a share of RAM, refused when that much is not free: the KV cache is sized in
     GiB instead, through the variable vLLM's CPU backend reads (a user's own setting wins)."""
-    import torch
-
-    if cfg.vllm == "colocate" and not torch.cuda.is_available():
+    if cfg.vllm == "colocate" and not on_gpu():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.vllm_kv_cache_gb))
         guard_module_scan()  # TRL starts the engine in this process
     return dict(
