@@ -205,10 +205,15 @@ def test_a_sampled_eos_is_kept_and_learned_exactly_once(stopped, smollm2):
 
 
 def test_sft_learns_the_eos_closing_the_answer(stopped):
+    from r3rag.training import tokenize_rows
+
     tok, trajs, _ = stopped
     ids, labels = tokenize_trajectory(trajs[0].to_json(), tok, protocol=P)
     assert ids[-1] == tok.eos_token_id and labels[-1] == tok.eos_token_id
     assert ids[-8:-1] == enc(tok, " <answer> Paris </answer>.") == labels[-8:-1]
+    # sft's batched encoding (the Rust tokenizer's batch path) gives the same BPE ids, chat template included
+    rows = [t.to_json() for t in trajs]
+    assert tokenize_rows(rows, tok, 0, P, "trajectory") == [tokenize_trajectory(r, tok, protocol=P) for r in rows]
 
 
 def test_chat_framing_is_the_same_in_synthesis_sft_rl_and_eval(smollm2, smollm2_runs, monkeypatch):

@@ -226,3 +226,21 @@ def test_grpo_logps_without_padding_equal_trls_on_the_padded_batch(tmp_path, mon
     for ours, theirs in zip(results["ours"], results["trl"], strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-5)
     assert results["ours"][0][1, 8:].eq(0).all() and results["ours"][0][0].lt(0).all()  # padding scores 0
+
+
+def test_batched_tokenisation_gives_the_ids_one_encode_per_text_gives():
+    """sft encodes every text in one batch call (tokenize_rows); the samples must be exactly what
+    tokenize_trajectory / tokenize_steps give row by row, in both views, cut at max_length too."""
+    from r3rag.training import tokenize_rows, tokenize_steps
+
+    tok, traj = _setup()
+    other = traj.to_json() | {"id": "q2", "question": "Where is Velmar ?", "prompt": "Question : Where is Velmar ?\n"}
+    rows = [traj.to_json(), other, traj.to_json()]  # a repeated text, and one the tokenizer maps to <unk>
+    for max_length in (0, 20):
+        assert tokenize_rows(rows, tok, max_length, P, "trajectory") == [
+            tokenize_trajectory(r, tok, max_length, P) for r in rows
+        ]
+        assert tokenize_rows(rows, tok, max_length, P, "step") == [
+            s for r in rows for s in tokenize_steps(r, tok, max_length, P)
+        ]
+    assert tokenize_rows(rows, tok, 0, P, "trajectory")[1] != tokenize_rows(rows, tok, 0, P, "trajectory")[0]

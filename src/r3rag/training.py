@@ -4,6 +4,7 @@ Usage:
     ids, labels = tokenize_trajectory(traj_json, tokenizer)   # labels -100 off model turns
     ids, labels = tokenize_trajectory(reader_json, tok, 0, Protocol(template="qa"))  # its documents in the prompt
     samples = tokenize_steps(traj_json, tokenizer)            # [(ids, labels)] one per model turn
+    encoded = tokenize_rows(rows, tokenizer, max_length, protocol, view="trajectory")  # all at once, batched
     model = maybe_lora(model, LoraSettings(r=16, ...))
     save_policy(model, tokenizer, out_dir, protocol_dict)
 """
@@ -111,6 +112,44 @@ def tokenize_steps(row: dict, tokenizer, max_length: int = 0, protocol=None) -> 
             samples.append((keep + step, [IGNORE] * len(keep) + step))
         context = context + ids
     return samples
+
+
+def tokenize_rows(
+    rows: list[dict], tokenizer, max_length: int, protocol, view: str
+) -> list[tuple[list[int], list[int]]]:
+    """tokenize_trajectory (view "trajectory") or tokenize_steps ("step") of every row, with every
+    text encoded in one batch call first (the fast tokenizer's Rust batch path): the same ids as
+    one `encode` per text, without ~230k Python round trips (34k demo trajectories: ~30 s -> ~3 s)."""
+    texts = []
+    for row in rows:
+        traj = Trajectory.from_json(row)
+        texts += [framed_prompt(traj, tokenizer, protocol), *(t.text for t in traj.turns)]
+    cached = PreEncoded(tokenizer, texts)
+    if view == "step":
+        return [s for r in rows for s in tokenize_steps(r, cached, max_length, protocol)]
+    return [tokenize_trajectory(r, cached, max_length, protocol) for r in rows]
+
+
+class PreEncoded:
+    """A tokenizer whose `encode(text, add_special_tokens=False)` answers from one batch encoding
+    of `texts`; anything else (other texts, chat templates, ids) goes to the tokenizer itself."""
+
+    def __init__(self, tokenizer, texts: list[str]):
+        unique = list(dict.fromkeys(texts))
+        backend = getattr(tokenizer, "backend_tokenizer", None)  # a fast tokenizer's Rust one: no per-text wrapping
+        if backend is not None:
+            ids = [e.ids for e in backend.encode_batch(unique, add_special_tokens=False)]
+        else:
+            ids = tokenizer(unique, add_special_tokens=False)["input_ids"] if unique else []
+        self._tokenizer, self._ids = tokenizer, dict(zip(unique, ids))
+
+    def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+        if not add_special_tokens and text in self._ids:
+            return list(self._ids[text])
+        return self._tokenizer.encode(text, add_special_tokens=add_special_tokens)
+
+    def __getattr__(self, name):
+        return getattr(self._tokenizer, name)
 
 
 @dataclass

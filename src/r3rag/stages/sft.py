@@ -53,7 +53,7 @@ from r3rag.stages.common import (
     resolve_inputs,
     set_threads,
 )
-from r3rag.training import LoraSettings, save_policy, tokenize_steps, tokenize_trajectory
+from r3rag.training import LoraSettings, save_policy, tokenize_rows
 
 INPUTS = {"data": "synthesize", "world": "world", "base": "base"}
 
@@ -191,10 +191,7 @@ def train_sft(model, tokenizer, rows, cfg: Config, work: Path, ctx: Context, pro
     from r3rag.trainers import FastSFTTrainer
     from r3rag.training import checkpointing_flag, device_flags, save_flags
 
-    if cfg.view == "step":
-        encoded = [s for r in rows for s in tokenize_steps(r, tokenizer, cfg.max_length, protocol)]
-    else:
-        encoded = [tokenize_trajectory(r, tokenizer, cfg.max_length, protocol) for r in rows]
+    encoded = tokenize_rows(rows, tokenizer, cfg.max_length, protocol, cfg.view)
     ds = Dataset.from_dict({"input_ids": [e[0] for e in encoded], "labels": [e[1] for e in encoded]})
     args = SFTConfig(
         output_dir=str(Path(work) / "checkpoints"),
