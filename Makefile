@@ -10,7 +10,7 @@ SET ?=
 RUN := $(R3RAG) run $(PIPELINE) --set world.seed=$(SEED) $(SET)
 STAGE_ARGS := --config $(PIPELINE) --set seed=$(SEED)
 
-.PHONY: install install-vllm test test-slow test-vllm test-all lint docs demo real real-smoke replicate-dev replicate replicate-ablations world index synthesize base sft rl eval report report-demo serve-retriever runs clean
+.PHONY: install install-vllm test test-slow test-vllm test-all lint docs demo data real-data real real-smoke replicate-dev replicate replicate-ablations world index synthesize base sft rl eval report report-demo serve-retriever runs clean
 
 install: $(VENV)/.installed
 
@@ -66,9 +66,18 @@ docs: install
 demo: install
 	$(RUN)
 
-# A real pretrained model (SmolLM2-135M-Instruct, offline) through every stage on the shared
+# The real QA sets the real pipelines read: HotpotQA, MuSiQue and 2Wiki from FlashRAG's files on the
+# Hugging Face hub (~720 MB to download, pinned in data/flashrag.json), into data/fetched (or
+# $R3RAG_DATA); `r3rag data list` shows the others. real-data is real's prerequisite: nothing when
+# a data root is there ($R3RAG_DATA, ../shared/data, or a complete data/fetched), else `make data`.
+data: install
+	$(R3RAG) data fetch
+real-data: install
+	$(R3RAG) data fetch --if-missing
+
+# A real pretrained model (SmolLM2-135M-Instruct, offline) through every stage on real
 # HotpotQA / MuSiQue / 2Wiki questions, against prompted baselines: ~2 h on 2 cores.
-real: install
+real: real-data
 	$(R3RAG) run pipelines/real-smollm2.yaml $(SET)
 
 # The same pipeline in miniature (6 SFT trajectories, 2 GRPO steps, 2 test questions per data set,
@@ -76,7 +85,7 @@ real: install
 REAL_SMOKE := --set 'world.limits={train: 10, test: 2}' --set sft.epochs=1 --set sft.limit=6 \
 	--set sft.max_length=1024 --set rl.steps=2 --set rl.prompts_per_step=2 --set rl.num_generations=2 \
 	--set rl.max_new_tokens=48 --set rl.save_steps=0 --set eval.max_new_tokens=64 --set eval.max_turns=3
-real-smoke: install
+real-smoke: real-data
 	$(R3RAG) run pipelines/real-smollm2.yaml $(REAL_SMOKE) $(SET)
 
 # The miniature replication (docs/replication.md): first its settings on the dev split

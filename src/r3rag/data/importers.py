@@ -10,7 +10,8 @@ source, ...) are kept in `metadata`, so nothing is lost.
 
 Inputs are a JSON list (the original dataset files) or JSONL. HotpotQA/2Wiki/MuSiQue records may be
 in their original layout or already FlashRAG-shaped with the original fields inside `metadata`
-(as in the shared data): both are read.
+(as in the shared data): both are read, and so is the column layout of the `datasets` library and
+of FlashRAG's files on the hub (r3rag.data.flashrag).
 
 Usage:
     questions, fmt = import_questions("hotpot_dev_distractor_v1.json", fmt="auto", limit=0)
@@ -26,6 +27,7 @@ import os
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+from r3rag.data.flashrag import normalize_layout
 from r3rag.errors import UserError
 from r3rag.jsonl import expect_object, parse_line, unique_by_id
 
@@ -287,6 +289,7 @@ def _hops(src: dict, titles: list[str], where: str):
 
 def convert_record(row: dict, fmt: str, where: str) -> dict:
     """One source record -> the r3rag question schema. `fmt` is a concrete format, not 'auto'."""
+    row = normalize_layout(row)  # FlashRAG's / `datasets`' column layout of context and facts
     src = _flat(row, where)
     question = _string(_need(src, where, "question"), where, "question").strip()
     qid, answers = _qid(src, where), _answers(src, where)

@@ -2,10 +2,10 @@
 
 The world stage's `source: files` reads question files (any format `r3rag import` reads:
 HotpotQA, 2Wiki, MuSiQue, FlashRAG JSONL; the shared data's files) per split, and corpus files
-(FlashRAG `contents` or `{id, title, text}`), relative to `data_root` (default: `$R3RAG_DATA`
-or the checkout's `../shared/data`). The corpus is the corpus files plus every context
-paragraph the questions carry (so each question's gold passages can be retrieved), one copy
-per title + text. A question that appears in an evaluation split (same id, or the same
+(FlashRAG `contents` or `{id, title, text}`), relative to `data_root` (default: `$R3RAG_DATA`,
+the checkout's `../shared/data`, or the copy `r3rag data fetch` downloads: r3rag.data.shared).
+The corpus is the corpus files plus every context paragraph the questions carry (so each
+question's gold passages can be retrieved), one copy per title + text. A question that appears in an evaluation split (same id, or the same
 normalised text) is dropped from `train`: training never sees a dev or test question.
 
 Usage:
@@ -43,12 +43,16 @@ class RealData:
 
 
 def data_root(configured: str) -> Path:
-    """`configured`, else the shared data (`$R3RAG_DATA` or ../shared/data)."""
+    """`configured`, else the shared data (`$R3RAG_DATA`, ../shared/data, or the fetched copy)."""
     from r3rag.data.shared import shared_data
 
     root = Path(configured).expanduser() if configured else shared_data()
     if root is None or not root.is_dir():
-        raise UserError(f"world.data_root: data directory {configured or '../shared/data (or $R3RAG_DATA)'} not found")
+        where = configured or "$R3RAG_DATA, ../shared/data or data/fetched"
+        raise UserError(
+            f"world.data_root: no data directory ({where}): fetch the real QA sets with `make data` "
+            "(r3rag data fetch), or point R3RAG_DATA at a local copy"
+        )
     return root
 
 
@@ -59,7 +63,9 @@ def resolve_files(files: RealFiles, root: Path) -> dict[str, list[Path]]:
         paths = [root / f for f in getattr(files, split)]
         missing = [p for p in paths if not p.is_file()]
         if missing:
-            raise UserError(f"world.{split}: file not found: {missing[0]}")
+            fetched = (root / "flashrag.lock.json").is_file()  # a copy `r3rag data fetch` wrote
+            hint = f" (r3rag data fetch {missing[0].relative_to(root).parts[0]} writes it)" if fetched else ""
+            raise UserError(f"world.{split}: file not found: {missing[0]}{hint}")
         out[split] = paths
     if not out["train"] and not out["test"]:
         raise UserError("world: source=files needs question files in train and/or test")

@@ -1,10 +1,12 @@
-"""Where the real QA sets and corpora live (a checkout's `../shared/data`, or `$R3RAG_DATA`).
+"""Where the real QA sets and corpora live: `$R3RAG_DATA`, else a checkout's `../shared/data`, else the
+copy `r3rag data fetch` (`make data`) downloads from the Hugging Face hub (`data/fetched` in a checkout).
 
 Tests and benchmarks that need them call `shared_data()` and skip with one line when it
-returns None (a user's fresh clone has no `../shared`).
+returns None (a user's fresh clone has neither until `make data`).
 
 Usage:
-    root = shared_data()      # Path or None
+    root = shared_data()      # Path or None: where the pipelines' `world.source=files` reads
+    fetch_root()              # where `r3rag data fetch` writes: $R3RAG_DATA, else the fetched copy
 """
 
 from __future__ import annotations
@@ -13,12 +15,27 @@ import os
 from pathlib import Path
 
 _REPO = Path(__file__).resolve().parents[3]
+SHARED = _REPO.parent / "shared" / "data"
+
+
+def fetched_default() -> Path:
+    """`data/fetched` in a source checkout; else (an installed package) the user's cache."""
+    if (_REPO / "pyproject.toml").is_file():
+        return _REPO / "data" / "fetched"
+    return Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "r3rag" / "data"
+
+
+def fetch_root() -> Path:
+    env = os.environ.get("R3RAG_DATA")
+    return Path(env).expanduser() if env else fetched_default()
 
 
 def shared_data() -> Path | None:
     env = os.environ.get("R3RAG_DATA")
-    candidates = [Path(env)] if env else [_REPO.parent / "shared" / "data"]
-    for c in candidates:
-        if c.is_dir():
-            return c
-    return None
+    if env:
+        return Path(env).expanduser() if Path(env).expanduser().is_dir() else None
+    if SHARED.is_dir():
+        return SHARED
+    fetched = fetched_default()
+    # Once a fetch has written something (its lock file): an attempt that never reached the hub leaves none.
+    return fetched if (fetched / "flashrag.lock.json").is_file() else None
