@@ -32,3 +32,22 @@ def test_a_duplicated_id_in_the_file_is_an_error(tmp_path):
     path.write_text('{"id": "a"}\n{"id": "a"}\n')
     with pytest.raises(UserError, match=r"j.jsonl:2: id 'a' appears twice"):
         Journal(path).__enter__()
+
+
+def test_appends_reach_the_os_at_once_and_the_disk_within_a_second(tmp_path, monkeypatch):
+    """A killed process loses nothing appended (the line is in the OS before append returns); the
+    fsync that guards against a power cut runs once a second and on close, not once per item."""
+    import r3rag.journal as journal
+
+    syncs, now = [], [0.0]
+    monkeypatch.setattr(journal.os, "fsync", lambda fd: syncs.append(fd))
+    monkeypatch.setattr(journal.time, "monotonic", lambda: now[0])
+    path = tmp_path / "j.jsonl"
+    with Journal(path) as j:
+        for i in range(500):
+            j.append({"id": str(i)})
+        assert len(path.read_text().splitlines()) == 500 and syncs == []  # readable by another process now
+        now[0] = 1.5
+        j.append({"id": "late"})
+        assert len(syncs) == 1
+    assert len(syncs) == 2  # the close

@@ -21,7 +21,7 @@ A request that fails after its retries rejects that attempt (`teacher_error:<kin
 The loop itself is r3rag.synthesis; this module resolves the inputs, builds the teacher and writes
 the artifact.
 
-Resumable: each finished question is appended (fsynced) to `runs/synthesize/.journal-<id>.jsonl`;
+Resumable: each finished question is appended (fsynced within a second) to `runs/synthesize/.journal-<id>.jsonl`;
 rerunning the same command after a crash or Ctrl-C skips finished questions and never repeats
 one. The artifact appears only when every question is done.
 
