@@ -244,3 +244,21 @@ def test_batched_tokenisation_gives_the_ids_one_encode_per_text_gives():
             s for r in rows for s in tokenize_steps(r, tok, max_length, P)
         ]
     assert tokenize_rows(rows, tok, 0, P, "trajectory")[1] != tokenize_rows(rows, tok, 0, P, "trajectory")[0]
+
+
+def test_trajectory_json_is_asdict_without_ids_key_for_key():
+    """Trajectory.to_json builds by hand what asdict gave (minus token ids and logprobs), in the
+    same key order, so trajectories.jsonl files are byte for byte what they were."""
+    import json
+    from dataclasses import asdict
+
+    _, traj = _setup()
+    traj.turns[0].logprobs = [-0.5] * len(traj.turns[0].ids)
+    expected = asdict(traj)
+    expected.pop("prompt_ids")
+    for t in expected["turns"]:
+        t.pop("ids"), t.pop("logprobs")
+    assert json.dumps(traj.to_json()) == json.dumps(expected)
+    out = traj.to_json()
+    out["steps"][0]["query"] = "changed"
+    assert traj.steps[0]["query"] != "changed"  # a copy, not the trajectory's own rows

@@ -23,7 +23,7 @@ Usage:
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from typing import Literal
 from typing import Protocol as TypingProtocol
 
@@ -83,12 +83,20 @@ class Trajectory:
         return sum(len(t.ids or []) for t in self.turns)
 
     def to_json(self) -> dict:
-        d = asdict(self)
-        for t in d["turns"]:
-            t.pop("ids")
-            t.pop("logprobs")
-        d.pop("prompt_ids")
-        return d
+        """What `asdict` gives without the token ids and logprobs (the same keys in the same order),
+        copied by hand: `asdict` deep-copies the ids it would then drop (~40% of the demo's synthesis)."""
+        return {
+            "id": self.id,
+            "question": self.question,
+            "prompt": self.prompt,
+            "turns": [{"role": t.role, "text": t.text} for t in self.turns],
+            "steps": [dict(s) for s in self.steps],  # JSON rows of scalars: a shallow copy detaches them
+            "retrieved": [list(r) for r in self.retrieved],
+            "documents": [[dict(d) for d in docs] for docs in self.documents],
+            "answer": self.answer,
+            "finish_reason": self.finish_reason,
+            "eos_sampled": self.eos_sampled,
+        }
 
     @classmethod
     def from_json(cls, d: dict) -> Trajectory:
