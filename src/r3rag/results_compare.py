@@ -21,6 +21,7 @@ Usage:
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 from r3rag.errors import UserError
@@ -43,17 +44,22 @@ def compare_spec(path: Path, data: dict) -> list[tuple[str, str]]:
     return pairs
 
 
-def build_comparisons(pairs: list[tuple[str, str]], table: dict, built: dict) -> list[dict]:
-    """One dict per pair: a, b, diff (EM of a minus b), ci, n questions, n_seeds, inside_noise."""
+def build_comparisons(
+    pairs: list[tuple[str, str]], table: dict, built: dict | None, em_of: Callable[[str], dict] | None = None
+) -> list[dict]:
+    """One dict per pair: a, b, diff (EM of a minus b), ci, n questions, n_seeds, inside_noise.
+    Per-question EM from the eval artifacts in `built`, or from `em_of(<variant>/<system>)` (the
+    committed slice files' outcomes, r3rag.slice_merge)."""
     from r3rag.metrics import paired_over_seeds
 
+    em_of = em_of or (lambda source: _artifact_em(source, built))
     out = []
     for a, b in pairs:
         try:
-            result = paired_over_seeds(_per_question(table[a], built), _per_question(table[b], built))
+            result = paired_over_seeds(_per_question(table[a], em_of), _per_question(table[b], em_of))
         except ValueError as e:  # different questions: different splits or limits
             raise UserError(f"compare [{a}, {b}]: {e}") from None
-        per_seed = seed_differences(table[a], table[b], built)
+        per_seed = seed_differences(table[a], table[b], built, em_of)
         out.append(
             {
                 "a": a,
@@ -67,15 +73,16 @@ def build_comparisons(pairs: list[tuple[str, str]], table: dict, built: dict) ->
     return out
 
 
-def seed_differences(a, b, built: dict) -> dict[str, float] | None:
+def seed_differences(a, b, built: dict | None, em_of: Callable[[str], dict] | None = None) -> dict[str, float] | None:
     """{seed: EM of a minus b at that seed} for the seeds both arms ran (`<variant>#s<N>` sources:
     GRPO's seed N starts from the cold start's seed N, so they pair); None unless both are seeded."""
+    em_of = em_of or (lambda source: _artifact_em(source, built))
     seeds_a, seeds_b = _by_seed(a), _by_seed(b)
     if not seeds_a or not seeds_b:
         return None
     out = {}
     for seed in [s for s in seeds_a if s in seeds_b]:
-        (qa,), (qb,) = _per_question(seeds_a[seed], built), _per_question(seeds_b[seed], built)
+        (qa,), (qb,) = _per_question(seeds_a[seed], em_of), _per_question(seeds_b[seed], em_of)
         out[seed] = round(sum(qa.values()) / len(qa) - sum(qb.values()) / len(qb), 4)
     return out
 
@@ -89,15 +96,19 @@ def _by_seed(source) -> dict[str, str]:
     return seeds if len(seeds) == len(sources) else {}
 
 
-def _per_question(source, built: dict) -> list[dict[str, float]]:
-    """Per seed (source): {question id: EM} of that `<variant>/<system>`'s eval."""
-    from r3rag.results_table import question_em, row_sources
+def _per_question(source, em_of: Callable[[str], dict]) -> list[dict[str, float]]:
+    """Per seed (source): {question id: EM} of that `<variant>/<system>`."""
+    from r3rag.results_table import row_sources
 
-    out = []
-    for one in row_sources(source):
-        variant, _, system = str(one).partition("/")
-        out.append(question_em(built[variant]["eval"].path, system))
-    return out
+    return [em_of(one) for one in row_sources(source)]
+
+
+def _artifact_em(source: str, built: dict) -> dict[str, float]:
+    """{question id: EM} of one `<variant>/<system>` from its variant's eval artifact."""
+    from r3rag.results_table import question_em
+
+    variant, _, system = str(source).partition("/")
+    return question_em(built[variant]["eval"].path, system)
 
 
 def comparison_markdown(comparisons: list[dict]) -> str:

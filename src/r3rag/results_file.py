@@ -36,6 +36,7 @@ import json
 import os
 from pathlib import Path
 
+from r3rag.durable import fsync_path
 from r3rag.errors import UserError
 
 ALL = "all"  # the table name of every row, in the table's order
@@ -85,7 +86,7 @@ def write_results(spec: dict, path: Path, data: dict, built: dict, table_ref) ->
         "rows": rows,
         "comparisons": table.get("comparisons", []),  # r3rag.results_compare: paired, over the same questions
     }
-    return _write_atomic(spec["path"], json.dumps(out, indent=2, default=str) + "\n")
+    return write_text_atomic(spec["path"], json.dumps(out, indent=2, default=str) + "\n")
 
 
 def load_results(path: Path) -> dict:
@@ -101,7 +102,9 @@ def load_results(path: Path) -> dict:
     return results
 
 
-def _write_atomic(target: Path, text: str) -> Path:
+def write_text_atomic(target: Path, text: str) -> Path:
+    """Write `target` whole or not at all: a temp file beside it, on disk, renamed into place (a
+    results file or a slice file, r3rag.slice_file, is the record: never half of one)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
     try:
@@ -110,6 +113,7 @@ def _write_atomic(target: Path, text: str) -> Path:
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, target)
+        fsync_path(target.parent)  # the rename itself on disk too
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

@@ -13,7 +13,9 @@ Usage:
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import NamedTuple
 
 from r3rag.artifacts import built_seconds, load_manifest
 from r3rag.errors import UserError
@@ -24,6 +26,15 @@ from r3rag.metrics import over_seeds
 TRAINED = ("base", "sft", "rl")  # stages whose wall time is a policy's training time
 
 
+class Outcome(NamedTuple):
+    """What a table row needs of one `<variant>/<system>`: its eval metrics (metrics.json's entry for
+    the system), its policy's training seconds, and its per-question EM (read only for rows over seeds)."""
+
+    metrics: dict
+    train_seconds: float
+    question_em: Callable[[], dict[str, float]]
+
+
 def row_sources(source) -> list[str]:
     """A table row's `<variant>/<system>` sources: one, or a list (one per seed)."""
     return [str(s) for s in source] if isinstance(source, list) else [str(source)]
@@ -32,20 +43,27 @@ def row_sources(source) -> list[str]:
 def build_rows(spec: dict[str, str | list[str]], built: dict[str, dict], path: Path) -> list[dict]:
     """One row per table entry: `<variant>/<system>` looked up in that variant's eval metrics, or
     a list of them (one per seed) summarised over seeds."""
-    rows, cache = [], {}
+    cache: dict = {}
+    return rows_from(spec, lambda label, source: _lookup(label, source, built, cache, path))
+
+
+def rows_from(spec: dict[str, str | list[str]], lookup: Callable[[str, str], Outcome]) -> list[dict]:
+    """build_rows over any store of outcomes: `lookup(label, source)` gives one `<variant>/<system>`'s
+    Outcome (from eval artifacts here; from committed slice files in r3rag.slice_merge, so that a
+    merged table is computed exactly as the experiment's own)."""
+    rows = []
     for label, source in spec.items():
         sources = row_sources(source)
-        found = [_lookup(str(label), s, built, cache, path) for s in sources]
+        found = [lookup(str(label), s) for s in sources]
         if len(found) == 1:
-            m, refs, system, _ = found[0]
-            rows.append(_row(str(label), sources[0], m, train_seconds(system, refs)))
+            rows.append(_row(str(label), sources[0], found[0].metrics, found[0].train_seconds))
         else:
             rows.append(_seed_row(str(label), sources, found))
     return rows
 
 
-def _lookup(label: str, source: str, built: dict[str, dict], cache: dict, path: Path) -> tuple:
-    """(metrics, artifact refs, system, eval dir) of one `<variant>/<system>`."""
+def _lookup(label: str, source: str, built: dict[str, dict], cache: dict, path: Path) -> Outcome:
+    """One `<variant>/<system>`'s Outcome from its variant's eval artifact."""
     variant, _, system = source.partition("/")
     refs = built[variant]
     if variant not in cache:
@@ -55,15 +73,15 @@ def _lookup(label: str, source: str, built: dict[str, dict], cache: dict, path: 
         raise UserError(
             f"{path}: table.{label}: variant {variant!r} evaluated no system {system!r} (it has: {', '.join(systems)})"
         )
-    return systems[system], refs, system, refs["eval"].path
+    eval_dir = refs["eval"].path
+    return Outcome(systems[system], train_seconds(system, refs), lambda: question_em(eval_dir, system))
 
 
-def _seed_row(label: str, sources: list[str], found: list[tuple]) -> dict:
+def _seed_row(label: str, sources: list[str], found: list[Outcome]) -> dict:
     """A row over seeds: EM mean ± sd over seeds and its interval over questions (from each
-    seed's per-question EM in predictions.jsonl); the other columns averaged over seeds."""
-    per_q = [question_em(d, system) for _, _, system, d in found]
-    em = over_seeds(per_q)
-    ms = [m for m, *_ in found]
+    seed's per-question EM); the other columns averaged over seeds."""
+    em = over_seeds([o.question_em() for o in found])
+    ms = [o.metrics for o in found]
     mean = lambda xs: None if any(x is None for x in xs) else round(sum(xs) / len(xs), 4)  # noqa: E731
     hops = sorted({str(h) for m in ms for h in m.get("by_hops", {})})
     return {
@@ -80,7 +98,7 @@ def _seed_row(label: str, sources: list[str], found: list[tuple]) -> dict:
         "by_hops": {
             h: v for h in hops if (v := mean([m.get("by_hops", {}).get(h, {}).get("em") for m in ms])) is not None
         },
-        "train_seconds": mean([train_seconds(system, refs) for _, refs, system, _ in found]),
+        "train_seconds": mean([o.train_seconds for o in found]),
         "eval_seconds": mean([m.get("seconds") for m in ms]),
     }
 
