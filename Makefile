@@ -99,11 +99,13 @@ real-smoke: real-data
 # 2 cores: each reuses every finished artifact, and a killed SFT or GRPO run continues from its last
 # checkpoint, a killed synthesize or eval from its journal: rerunning a target resumes it.
 # JOBS=N builds the variants in N worker processes (r3rag run --jobs; 2 on 2 cores: ~1.3-1.7x).
+# SLICE=w1-grpo-s0 runs one slice of replicate.yaml (<= ~100 min) and writes results/replicate/<slice>.json
+# (commit it at once; `r3rag run pipelines/replicate.yaml --status` lists the slices left).
 JOBS ?= 1
 replicate-dev: install
 	$(R3RAG) run pipelines/replicate-dev.yaml --jobs $(JOBS) $(SET)
 replicate: install
-	$(R3RAG) run pipelines/replicate.yaml --jobs $(JOBS) $(SET)
+	$(R3RAG) run pipelines/replicate.yaml --jobs $(JOBS) $(if $(SLICE),--slice $(SLICE)) $(SET)
 replicate-ablations: install
 	$(R3RAG) run pipelines/replicate-ablations.yaml --jobs $(JOBS) $(SET)
 

@@ -10,8 +10,8 @@ Usage:
 
 This module is the app: its global options, a command per stage and the list of the commands, in the
 order `r3rag --help` shows them. The options, the help classes and the error guard every command uses
-are in r3rag.cli_base; the commands that are not a stage in r3rag.cli_commands; `r3rag data fetch|list`
-in r3rag.cli_data.
+are in r3rag.cli_base; the commands that are not a stage in r3rag.cli_commands (`run` in r3rag.cli_run);
+`r3rag data fetch|list` in r3rag.cli_data.
 
 `r3rag --help` and `r3rag <stage> --help` take a fraction of a second: the CLI imports no stage
 module (a stage's help is read from its module when shown: `cli_base.StageCommand`), and a stage module
@@ -27,7 +27,7 @@ import sys
 
 import typer
 
-from r3rag import cli_commands, cli_data
+from r3rag import cli_commands, cli_data, cli_run
 from r3rag.cli_base import (
     ConfigOpt,
     DebugOpt,
@@ -117,7 +117,7 @@ app.command("report", cls=StageSettings)(cli_commands.report_cmd)
 app.command("eval-retrieval")(cli_commands.eval_retrieval_cmd)
 app.command("import-model")(cli_commands.import_model_cmd)
 app.command("import")(cli_commands.import_cmd)
-app.command("run")(cli_commands.run_cmd)
+app.command("run")(cli_run.run_cmd)
 app.command("serve-retriever")(cli_commands.serve_retriever_cmd)
 app.command("runs")(cli_commands.runs_cmd)
 app.add_typer(cli_data.app, name="data")

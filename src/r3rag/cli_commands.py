@@ -1,5 +1,6 @@
-"""The commands that are not one stage each: `report`, `eval-retrieval`, `import-model`, `import`, `run`,
-`serve-retriever` and `runs`, as plain functions that r3rag.cli registers on the app under those names.
+"""The commands that are not one stage each: `report`, `eval-retrieval`, `import-model`, `import`,
+`serve-retriever` and `runs`, as plain functions that r3rag.cli registers on the app under those names
+(`run` is in r3rag.cli_run).
 
 Usage:
     r3rag report eval:latest --screenshot
@@ -7,7 +8,6 @@ Usage:
     r3rag eval-retrieval questions.jsonl --index index:latest --ks 1,5,10
     r3rag import-model smollm2-135m-instruct
     r3rag import hotpot_dev.json --out questions.jsonl --corpus-out corpus.jsonl
-    r3rag run pipelines/demo.yaml --set world.seed=7
     r3rag serve-retriever --index index:latest --port 8000
     r3rag runs sft
 
@@ -36,7 +36,8 @@ def report_cmd(
         list[Path] | None,
         typer.Option(
             help="Instead: regenerate the docs' blocks and charts made from this results file "
-            "(`<!-- r3rag:results FILE TABLE -->` markers; repeatable)."
+            "(`<!-- r3rag:results FILE TABLE -->` markers; repeatable), after merging into it the slice "
+            "files in the folder of its name (results/replicate/*.json), where there are any."
         ),
     ] = None,
     docs: Annotated[
@@ -57,8 +58,9 @@ def report_cmd(
 
             if evals or not results:
                 raise UserError("report: --results regenerates the docs and takes no eval artifacts; --docs needs it")
+            merged = _merge_slices(results)
             written, found = update_docs(docs or doc_files(Path.cwd()), Path.cwd(), results)
-            if not found:
+            if not found and not merged:
                 raise UserError(f"report: no r3rag:results block of {', '.join(map(str, results))} in the docs")
             print(*written, f"{found} blocks up to date", sep="\n")  # the files written, then the count
             return
@@ -68,6 +70,19 @@ def report_cmd(
         print(ref.path)
 
     guard(go, debug)
+
+
+def _merge_slices(results: list[Path]) -> int:
+    """Merge each results file's slice files into it (r3rag.slice_merge); how many files were merged."""
+    from r3rag.slice_merge import merge_into
+
+    merged = 0
+    for path in results:
+        done = merge_into(path)
+        if done:
+            print(f"{path}: merged from {done[1]} slices of {done[0]}")
+            merged += 1
+    return merged
 
 
 def eval_retrieval_cmd(
@@ -190,73 +205,6 @@ def import_cmd(
         write_atomic(outputs)
         print(summary, file=sys.stderr)
         print(out)
-
-    guard(go, debug)
-
-
-def run_cmd(
-    pipeline: Annotated[Path, typer.Argument(help="Pipeline YAML (e.g. pipelines/demo.yaml).")],
-    set_: SetOpt = None,
-    runs_dir: RunsOpt = None,
-    dry_run: Annotated[
-        bool, typer.Option("--dry-run", help="Validate the whole config and print the plan; load and write nothing.")
-    ] = False,
-    status: Annotated[
-        bool, typer.Option("--status", help="Say which stages are done, in progress or left; build nothing.")
-    ] = False,
-    jobs: Annotated[
-        int,
-        typer.Option(
-            "--jobs",
-            min=1,
-            help="An experiment's variants and seeds built by this many worker processes at once, "
-            "each with its share of the CPU threads (and of CUDA_VISIBLE_DEVICES).",
-        ),
-    ] = 1,
-    worker: Annotated[bool, typer.Option("--worker", hidden=True, help="One of --jobs' workers.")] = False,
-    debug: DebugOpt = False,
-):
-    """Run a pipeline's stages in order, reusing any artifact that already exists for the same config and inputs.
-
-    Overrides name the stage: --set world.seed=7 --set sft.epochs=2. The last line printed is
-    the path of the final artifact. --dry-run checks every stage's config and prints the plan
-    (inputs and non-default settings per stage) without loading data or weights. --status
-    looks up each stage's artifact (per variant and seed of an experiment): done, in progress
-    (an SFT or RL run with a checkpoint, a synthesize or eval with a journal: a rerun resumes
-    it), to do, or waiting for its inputs; for an experiment it then prints its table over the
-    seeds finished so far. --jobs N builds an experiment's variants in N worker processes
-    (their output in RUNS/.jobs/), then writes its table; two commands that reach the same
-    artifact build it once (the second waits for it, or a worker builds something else meanwhile).
-    """
-
-    def go():
-        from r3rag.experiment import plan_file, run_file
-        from r3rag.pipeline import print_plan
-
-        if status:
-            from r3rag.results_so_far import print_so_far
-            from r3rag.run_status import file_status, print_status
-
-            rows, built, experiment = file_status(pipeline, list(set_ or []), runs_dir)
-            print_status(rows, pipeline)
-            if experiment:
-                print_so_far(pipeline, experiment, built)
-            return
-        if dry_run:
-            print_plan(plan_file(pipeline, list(set_ or []), runs_dir), pipeline)
-            print("dry run: the config is valid")
-            return
-        if worker:
-            from r3rag.experiment_jobs import work
-
-            return work(pipeline, list(set_ or []), runs_dir)
-        if jobs > 1:
-            from r3rag.experiment_jobs import run_jobs
-
-            ref = run_jobs(pipeline, list(set_ or []), runs_dir, jobs)
-        else:
-            ref = run_file(pipeline, list(set_ or []), runs_dir)
-        print(ref.path)
 
     guard(go, debug)
 

@@ -20,7 +20,8 @@ its 95% bootstrap interval, F1, EM by hops, searches, and the training time of t
 policy (its base, sft and rl artifacts' wall seconds, as recorded when they were built).
 `--set` overrides on the command line apply to every variant that runs that stage. With a top-level
 `results: results/<name>.json`, the run also writes that results file, last (r3rag.results_file),
-from which `r3rag report --results` regenerates the docs' tables (r3rag.results_docs).
+from which `r3rag report --results` regenerates the docs' tables (r3rag.results_docs). A `slices`
+section divides the variants into units of work run one at a time with `--slice NAME` (r3rag.slices).
 
 Usage:
     r3rag run pipelines/replicate.yaml
@@ -39,7 +40,6 @@ from pathlib import Path
 from r3rag.artifacts import ArtifactRef, ArtifactWriter
 from r3rag.build_lock import ArtifactBusy, BuildLock
 from r3rag.errors import UserError
-from r3rag.experiment_seeds import expand_seeds
 from r3rag.pipeline import (
     is_experiment,
     load_pipeline,
@@ -152,16 +152,23 @@ def run_experiment(path: Path, data: dict, overrides: list[str], runs_dir: Path 
 
     from r3rag.results_file import results_spec, write_results
 
+    results = results_spec(path, data)  # before hours of training, not after
+    built, table = build_experiment(path, data, overrides, runs_dir)
+    if results:  # last: the docs are generated from it, and it names the table artifact
+        Console().print(f"[green]results[/green]: wrote {write_results(results, path, data, built, table)}")
+    return table
+
+
+def build_experiment(path: Path, data: dict, overrides: list[str], runs_dir: Path | None) -> tuple[dict, ArtifactRef]:
+    """Every variant built or reused, then the table: ({variant: {stage: ref}}, the table artifact)."""
+    from rich.console import Console
+
     variants = parse_variants(path, data)
-    results = results_spec(path, data)
     compare_spec(path, data)  # before hours of training, not after
     check_overrides(overrides, variants)
     console, t0 = Console(), time.time()
     built = build_variants(path, data, variants, overrides, runs_dir, console)
-    table = write_table(path, data, built, time.time() - t0, runs_dir, console)
-    if results:  # last: the docs are generated from it, and it names the table artifact
-        console.print(f"[green]results[/green]: wrote {write_results(results, path, data, built, table)}")
-    return table
+    return built, write_table(path, data, built, time.time() - t0, runs_dir, console)
 
 
 def build_variants(
@@ -255,17 +262,39 @@ def machine() -> str:
     return f"{platform.machine()}, {os.cpu_count()} cores, {device}, torch {torch.__version__}"
 
 
-def run_file(path: Path, overrides: list[str], runs_dir: Path | None) -> ArtifactRef:
-    """`r3rag run`: an experiment (variants + table), or else a plain pipeline."""
+def run_file(
+    path: Path, overrides: list[str], runs_dir: Path | None, slice_name: str | None = None, commit: bool = False
+) -> ArtifactRef:
+    """`r3rag run`: an experiment (variants + table), one of its slices (`--slice`, r3rag.slices),
+    or else a plain pipeline."""
     data = load_pipeline(path)
     if is_experiment(data):
-        return run_experiment(path, expand_seeds(path, data), overrides, runs_dir)
+        from r3rag.slices import load_slices, pick
+
+        experiment, slices = load_slices(path, data)  # checked on every run: a typo fails before hours of work
+        if slice_name is None:
+            return run_experiment(path, experiment, overrides, runs_dir)
+        from r3rag.slice_file import run_slice
+
+        return run_slice(path, experiment, pick(path, slices, slice_name), overrides, runs_dir, commit)
+    _no_slice(path, slice_name)
     return run_pipeline(path, overrides, runs_dir, data=data)
 
 
-def plan_file(path: Path, overrides: list[str], runs_dir: Path | None) -> list[dict]:
-    """`r3rag run --dry-run`: the plan of an experiment or of a plain pipeline."""
+def plan_file(path: Path, overrides: list[str], runs_dir: Path | None, slice_name: str | None = None) -> list[dict]:
+    """`r3rag run --dry-run`: the plan of an experiment, of one of its slices, or of a plain pipeline."""
     data = load_pipeline(path)
     if is_experiment(data):
-        return plan_experiment(path, expand_seeds(path, data), overrides, runs_dir)
+        from r3rag.slices import load_slices, pick, slice_experiment
+
+        experiment, slices = load_slices(path, data)
+        if slice_name is not None:
+            experiment = slice_experiment(path, experiment, pick(path, slices, slice_name))
+        return plan_experiment(path, experiment, overrides, runs_dir)
+    _no_slice(path, slice_name)
     return plan_pipeline(path, overrides, runs_dir, data=data)
+
+
+def _no_slice(path: Path, slice_name: str | None) -> None:
+    if slice_name is not None:
+        raise UserError(f"{path}: --slice: a plain pipeline has no slices (an experiment declares them)")

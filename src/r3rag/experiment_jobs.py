@@ -19,6 +19,7 @@ Measured on 2 AVX2 cores with the replication's cold start (benchmarks/parallel_
 
 Usage:
     r3rag run pipelines/replicate.yaml --jobs 2
+    r3rag run pipelines/replicate.yaml --jobs 2 --slice w1-grpo-s0   # one slice's variants, then its file
     run_jobs(Path("pipelines/replicate.yaml"), [], runs_dir=None, jobs=2)
 """
 
@@ -35,21 +36,23 @@ from pathlib import Path
 from r3rag.artifacts import ArtifactRef, default_runs_dir
 from r3rag.errors import UserError
 from r3rag.experiment import build_variants, check_overrides, parse_variants, run_file
-from r3rag.experiment_seeds import expand_seeds
 from r3rag.pipeline import is_experiment, load_pipeline
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h
 SHOWN = (": wrote ", "Error", "error:")  # worker log lines worth repeating here
 
 
-def run_jobs(path: Path, overrides: list[str], runs_dir: Path | None, jobs: int) -> ArtifactRef:
-    """Build the experiment with `jobs` workers, then write its table and results file here."""
-    data = _experiment(path, overrides)
+def run_jobs(
+    path: Path, overrides: list[str], runs_dir: Path | None, jobs: int, slice_name: str | None = None, commit=False
+) -> ArtifactRef:
+    """Build the experiment (or one of its slices) with `jobs` workers, then write its table and
+    results file (or the slice's file) here."""
+    data = _experiment(path, overrides, slice_name)
     runs_dir = Path(runs_dir) if runs_dir else default_runs_dir()
     logs = runs_dir / ".jobs"
     logs.mkdir(parents=True, exist_ok=True)
     workers = [
-        _start(path, overrides, runs_dir, i, jobs, logs / f"{data.get('name', 'experiment')}-{i}.log")
+        _start(path, overrides, runs_dir, i, jobs, logs / f"{data.get('name', 'experiment')}-{i}.log", slice_name)
         for i in range(jobs)
     ]
     print(f"run --jobs {jobs}: workers' output in {logs}", file=sys.stderr)
@@ -66,31 +69,39 @@ def run_jobs(path: Path, overrides: list[str], runs_dir: Path | None, jobs: int)
         signal.signal(signal.SIGTERM, previous)
     if failed:
         raise UserError(failed[0])
-    return run_file(path, overrides, runs_dir)  # everything reused: the table and results file
+    return run_file(path, overrides, runs_dir, slice_name, commit)  # everything reused: the table and results file
 
 
-def work(path: Path, overrides: list[str], runs_dir: Path | None) -> None:
-    """A worker (`r3rag run FILE --worker`): build every variant, setting busy ones aside."""
+def work(path: Path, overrides: list[str], runs_dir: Path | None, slice_name: str | None = None) -> None:
+    """A worker (`r3rag run FILE --worker`): build every variant (of the slice), setting busy ones aside."""
     from rich.console import Console
 
-    data = _experiment(path, overrides)
+    data = _experiment(path, overrides, slice_name)
     build_variants(path, data, parse_variants(path, data), overrides, runs_dir, Console(stderr=True), busy="skip")
 
 
-def _experiment(path: Path, overrides: list[str]) -> dict:
+def _experiment(path: Path, overrides: list[str], slice_name: str | None = None) -> dict:
+    from r3rag.slices import check_overrides as check_slice
+    from r3rag.slices import load_slices, pick, slice_experiment
+
     data = load_pipeline(path)
     if not is_experiment(data):
         raise UserError(
             f"{path}: --jobs: a plain pipeline's stages each need the one before; "
             "--jobs runs an experiment's variants side by side"
         )
-    data = expand_seeds(path, data)
+    data, slices = load_slices(path, data)
+    if slice_name is not None:
+        sl = pick(path, slices, slice_name)
+        data = slice_experiment(path, data, sl)
+        check_slice(path, data, sl, overrides)  # before N workers train, not when they are done
     check_overrides(overrides, parse_variants(path, data))  # a typo fails here, not in N workers
     return data
 
 
-def _start(path: Path, overrides: list[str], runs_dir: Path, i: int, jobs: int, log: Path):
+def _start(path: Path, overrides: list[str], runs_dir: Path, i: int, jobs: int, log: Path, slice_name=None):
     cmd = [sys.executable, "-m", "r3rag.cli", "run", str(path), "--worker", "--runs-dir", str(runs_dir)]
+    cmd += ["--slice", slice_name] if slice_name else []
     cmd += [arg for item in overrides for arg in ("--set", item)]
     handle = open(log, "w")  # noqa: SIM115 - the worker writes it until it exits; closed in _watch
     proc = subprocess.Popen(

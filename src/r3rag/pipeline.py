@@ -28,7 +28,7 @@ from r3rag.errors import UserError
 from r3rag.stages import STAGE_ORDER, STAGES, stage_module
 from r3rag.stages.common import FILE, Context
 
-TOP_LEVEL = {"name", "extends", "stages", "variants", "table", "seeds", "compare", "results", *STAGE_ORDER}
+TOP_LEVEL = {"name", "extends", "stages", "variants", "table", "seeds", "compare", "results", "slices", *STAGE_ORDER}
 
 
 def _load_pipeline(path: Path | None, _seen: tuple[Path, ...] = ()) -> dict:
@@ -47,7 +47,7 @@ def _load_pipeline(path: Path | None, _seen: tuple[Path, ...] = ()) -> dict:
 def _extend(path: Path, data: dict, seen: tuple[Path, ...]) -> dict:
     """`extends: other.yaml` (relative to this file): that pipeline with this file's settings on
     top. A stage section's keys replace the same keys of the base's section; `name`, `stages`,
-    `variants`, `table`, `seeds`, `compare` and `results` replace the base's whole."""
+    `variants`, `table`, `seeds`, `compare`, `results` and `slices` replace the base's whole."""
     base_path = (path.parent / str(data.pop("extends"))).resolve()
     seen = (*seen, path.resolve())  # the files of this chain so far
     if base_path in seen:
@@ -142,6 +142,8 @@ def _plain(path: Path, data: dict | None) -> dict:
         )
     if "results" in data:  # a results file is an experiment's table as data: a plain pipeline has no table
         raise UserError(f"{path}: results: only an experiment (variants and a table) writes a results file")
+    if data.get("slices"):  # slices divide an experiment's variants (r3rag.slices)
+        raise UserError(f"{path}: slices: only an experiment (variants and a table) runs in slices")
     return data
 
 

@@ -13,8 +13,12 @@ run, and one that another variant builds too (the same artifact at the seeds tha
 nothing; a stage V has not run at any seed yet takes, roughly, what that stage took in the other
 variants.
 
+An experiment with slices (r3rag.slices) shows its slices instead (r3rag.slice_status); with
+`--slice NAME`, this view of that slice's stages on this machine.
+
 Usage:
-    r3rag run pipelines/replicate.yaml --status
+    r3rag run pipelines/demo.yaml --status
+    r3rag run pipelines/replicate.yaml --status --slice w1-grpo-s0   # one slice's stages here
     rows = status_file(Path("pipelines/replicate.yaml"), [], runs_dir=None)
     rows, built, experiment = file_status(Path("pipelines/replicate.yaml"), [], runs_dir=None)
 """
@@ -29,7 +33,6 @@ from r3rag.build_lock import BuildLock
 from r3rag.checkpoints import last_complete_checkpoint, planned_steps, step_of
 from r3rag.errors import UserError
 from r3rag.experiment import parse_variants, variant_overrides
-from r3rag.experiment_seeds import expand_seeds
 from r3rag.pipeline import is_experiment, load_pipeline, pipeline_stages, run_stage, split_overrides
 from r3rag.stages.common import NotBuilt
 
@@ -39,14 +42,22 @@ def status_file(path: Path, overrides: list[str], runs_dir: Path | None) -> list
     return file_status(path, overrides, runs_dir)[0]
 
 
-def file_status(path: Path, overrides: list[str], runs_dir: Path | None) -> tuple[list[dict], dict, dict | None]:
+def file_status(
+    path: Path, overrides: list[str], runs_dir: Path | None, slice_name: str | None = None
+) -> tuple[list[dict], dict, dict | None]:
     """(rows as status_file's, each variant's done artifacts {variant: {stage: ref}}, the
-    experiment with its seeds expanded); ({} and None for a plain pipeline)."""
+    experiment with its seeds expanded, or one slice of it, r3rag.slices); ({} and None for a plain pipeline)."""
     data = load_pipeline(path)
     if not is_experiment(data):
+        if slice_name is not None:
+            raise UserError(f"{path}: --slice: a plain pipeline has no slices (an experiment declares them)")
         stages = pipeline_stages(data, path)
         return _status_stages(path, data, stages, split_overrides(overrides, stages), runs_dir, {})[0], {}, None
-    data = expand_seeds(path, data)
+    from r3rag.slices import load_slices, pick, slice_experiment
+
+    data, slices = load_slices(path, data)
+    if slice_name is not None:
+        data = slice_experiment(path, data, pick(path, slices, slice_name))
     rows, built = [], {}
     for name, spec in parse_variants(path, data).items():
         try:
