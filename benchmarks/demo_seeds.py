@@ -6,8 +6,12 @@ runs `make demo` there for the first seed (the install included, as from a clean
 `results/demo-seeds.json` and the table between the `<!-- demo-seeds -->` markers of
 docs/getting-started.md. Run it alone: the times are the point.
 
+`--update` reruns only the seeds given and replaces their rows in the results file (a run that
+shared its cores with other work); the first seed given is again run from a fresh clone.
+
 Usage:
     python benchmarks/demo_seeds.py [--seeds 0,1,2,3,4] [--work /tmp/demo-seeds] [--keep]
+    python benchmarks/demo_seeds.py --seeds 0 --update
 Last line: {"demo_total_s_first": ..., "demo_total_s_max": ..., "sft_em_min": ..., "rl_minus_sft_min": ..., ...}
 """
 
@@ -90,6 +94,7 @@ def main() -> None:
     ap.add_argument("--seeds", default="0,1,2,3,4")
     ap.add_argument("--work", type=Path, default=Path("/tmp/demo-seeds"))
     ap.add_argument("--keep", action="store_true", help="keep the scratch clone")
+    ap.add_argument("--update", action="store_true", help="replace these seeds' rows in the results file")
     args = ap.parse_args()
     shutil.rmtree(args.work, ignore_errors=True)
     subprocess.run(["git", "clone", "-q", str(REPO), str(args.work)], check=True)
@@ -99,6 +104,12 @@ def main() -> None:
         row["first"] = i == 0
         rows.append(row)
         print(json.dumps(row), flush=True)
+    if args.update:
+        done = {r["seed"] for r in rows}
+        rows = sorted(
+            rows + [r for r in json.loads(RESULTS.read_text())["runs"] if r["seed"] not in done],
+            key=lambda r: r["seed"],
+        )
     cpu = f"{cpu_model()} ({cpu_flags()})"
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True, text=True)
     RESULTS.parent.mkdir(exist_ok=True)
