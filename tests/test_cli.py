@@ -109,7 +109,7 @@ def test_run_dry_run_validates_and_writes_nothing(tmp_path):
     runs = tmp_path / "runs"
     out = r3rag("run", "pipelines/demo.yaml", "--dry-run", "--runs-dir", str(runs), cwd=ROOT)
     assert out.returncode == 0, out.stderr
-    assert "this run's sft" in out.stdout and "extra_worlds=80" in out.stdout and "config is valid" in out.stdout
+    assert "this run's sft" in out.stdout and "extra_worlds=35" in out.stdout and "config is valid" in out.stdout
     assert not runs.exists()
     out = r3rag("run", "pipelines/demo.yaml", "--dry-run", "--runs-dir", str(runs), "--set", "sft.lr=fast", cwd=ROOT)
     assert_one_line_error(out, "sft.lr", "expected a number")

@@ -71,9 +71,24 @@ def _git_blob_sha1(path: Path) -> str:
     return h.hexdigest()
 
 
+def _client_errors(*names: str) -> tuple[type[BaseException], ...]:
+    """The HTTP client's exception classes `names` from httpx and from httpx2: huggingface_hub 1.x
+    talks through httpx, 2.x through httpx2 (pyproject allows both), and a refused connection
+    must read as "cannot reach the hub" under either."""
+    import importlib
+
+    found = []
+    for module in ("httpx", "httpx2"):
+        try:
+            client = importlib.import_module(module)
+        except ImportError:
+            continue
+        found += [getattr(client, n) for n in names if hasattr(client, n)]
+    return tuple(found)
+
+
 def download(remote: Remote, path: str, dest: Path, expected: str | None, progress=None) -> tuple[str, str]:
     """Fetch `path` at the pinned commit to `dest`; returns (sha256, how it was checked)."""
-    import httpx
     from huggingface_hub import get_hf_file_metadata, hf_hub_url
     from huggingface_hub.errors import OfflineModeIsEnabled
 
@@ -83,7 +98,7 @@ def download(remote: Remote, path: str, dest: Path, expected: str | None, progre
     url = hf_hub_url(remote.repo_id, path, repo_type=remote.repo_type, revision=remote.revision, endpoint=endpoint())
     try:
         meta = get_hf_file_metadata(url, endpoint=endpoint())
-    except (httpx.ConnectError, httpx.TimeoutException, OfflineModeIsEnabled) as e:
+    except (*_client_errors("ConnectError", "TimeoutException"), OfflineModeIsEnabled) as e:
         raise UserError(f"cannot reach the Hugging Face hub at {endpoint()} ({_short(e)}); {OFFLINE_HINT}") from None
     except Exception as e:  # the hub's own errors: repo, revision or file not found, gated, HTTP 5xx
         raise UserError(f"{where}: {_hub_error(e)}") from None
@@ -101,7 +116,6 @@ def download(remote: Remote, path: str, dest: Path, expected: str | None, progre
 
 def _get(url: str, part: Path, size: int | None, where: str, progress) -> None:
     """The GET into `part`, from the byte it already holds (a Range request when it holds some)."""
-    import httpx
     from huggingface_hub.file_download import http_get
     from huggingface_hub.utils import build_hf_headers
 
@@ -119,7 +133,7 @@ def _get(url: str, part: Path, size: int | None, where: str, progress) -> None:
         sink = _Counting(raw, progress, task, have)
         try:
             http_get(url, sink, resume_size=have, headers=headers, expected_size=size, displayed_filename=part.name)
-        except (httpx.HTTPError, OSError) as e:
+        except (*_client_errors("HTTPError"), OSError) as e:
             raw.flush()
             kept = part.stat().st_size / MB
             if isinstance(e, OSError) and "Consistency check failed" in str(e):
