@@ -149,19 +149,25 @@ def _parts(row_stage: str) -> tuple[str, str, str]:
     return variant, seed, stage
 
 
-def print_status(rows: list[dict], path: Path) -> None:
+def print_states(title: str, key: str, rows: list[dict], style: dict[str, str]):
+    """A `key | state | detail` table of `rows`, each state in its `style` colour: the stages of
+    `run --status` and the slices of an experiment's. Returns the console and the count per state."""
     from rich.console import Console
     from rich.table import Table
 
-    table = Table(title=f"{path}: status", title_justify="left")
-    for col in ("stage", "state", "detail"):
+    table = Table(title=title, title_justify="left")
+    for col in (key, "state", "detail"):
         table.add_column(col, overflow="fold")
-    style = {"done": "green", "in progress": "yellow", "to do": "bold", "waiting": "dim"}
     for r in rows:
-        table.add_row(r["stage"], f"[{style[r['state']]}]{r['state']}[/]", r["detail"])
+        table.add_row(r[key], f"[{style[r['state']]}]{r['state']}[/]", r["detail"])
     console = Console()
     console.print(table)
-    counts = {s: sum(r["state"] == s for r in rows) for s in style}
+    return console, {s: sum(r["state"] == s for r in rows) for s in style}
+
+
+def print_status(rows: list[dict], path: Path) -> None:
+    style = {"done": "green", "in progress": "yellow", "to do": "bold", "waiting": "dim"}
+    console, counts = print_states(f"{path}: status", "stage", rows, style)
     console.print(", ".join(f"{n} {s}" for s, n in counts.items()) + f" (of {len(rows)} stages)")
     if counts["done"] < len(rows):
         seconds, rough, unknown = time_left(rows)

@@ -86,21 +86,13 @@ def _committed(folder: Path) -> set[str] | None:
 
 
 def print_slice_status(path: Path, data: dict) -> None:
-    from rich.console import Console
-    from rich.table import Table
+    from r3rag.run_status import print_states
 
     rows = slice_rows(path, data)
     if not rows:
         return
-    table = Table(title=f"{path}: slices", title_justify="left")
-    for col in ("slice", "state", "detail"):
-        table.add_column(col, overflow="fold")
     style = {"committed": "green", "written": "yellow", "stale": "red", "missing": "bold"}
-    for r in rows:
-        table.add_row(r["slice"], f"[{style[r['state']]}]{r['state']}[/]", r["detail"])
-    console = Console()
-    console.print(table)
-    counts = {s: sum(r["state"] == s for r in rows) for s in style}
+    console, counts = print_states(f"{path}: slices", "slice", rows, style)
     left = [r for r in rows if r["estimated"]]
     hours = sum(r["minutes"] for r in left if r["minutes"] is not None) / 60
     unknown = sum(r["minutes"] is None for r in left)
