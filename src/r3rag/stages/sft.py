@@ -76,7 +76,9 @@ class Config:
     # optimizer updates: 0 = as many as `epochs` make; N > 0 = exactly N, the data cycled when one pass is
     # shorter (a control matched to another run's update count, e.g. GRPO's `steps`); `epochs` is then ignored
     max_steps: int = hashed_when_set(0)
-    lr: float = 1e-3  # peak learning rate (cosine decay)
+    lr: float = 1e-3  # peak learning rate
+    # after warmup: cosine decays the learning rate to 0 by the last update; constant holds it at `lr`
+    lr_schedule: Literal["cosine", "constant"] = hashed_when_set("cosine")
     batch_size: int = 16  # samples per device step
     grad_accum: int = 1  # device steps whose gradients make one optimizer update
     warmup_ratio: float = 0.03  # share of the updates the learning rate warms up over
@@ -200,7 +202,7 @@ def train_sft(model, tokenizer, rows, cfg: Config, work: Path, ctx: Context, pro
         per_device_train_batch_size=cfg.batch_size,
         gradient_accumulation_steps=cfg.grad_accum,
         learning_rate=cfg.lr,
-        lr_scheduler_type="cosine",
+        lr_scheduler_type={"cosine": "cosine", "constant": "constant_with_warmup"}[cfg.lr_schedule],
         warmup_steps=cfg.warmup_ratio,
         weight_decay=cfg.weight_decay,
         logging_steps=20,
