@@ -80,6 +80,9 @@ class Config:
     # after warmup: cosine decays the learning rate to 0 by the last update; constant holds it at `lr`
     lr_schedule: Literal["cosine", "constant"] = hashed_when_set("cosine")
     batch_size: int = 16  # samples per device step
+    # how samples are dealt into batches: by_length (similar lengths together, the least padding; a batch
+    # then tends to hold one question type) or random (any mix, padded to its longest)
+    sampling: Literal["by_length", "random"] = hashed_when_set("by_length")
     grad_accum: int = 1  # device steps whose gradients make one optimizer update
     warmup_ratio: float = 0.03  # share of the updates the learning rate warms up over
     weight_decay: float = 0.0  # AdamW weight decay
@@ -210,7 +213,7 @@ def train_sft(model, tokenizer, rows, cfg: Config, work: Path, ctx: Context, pro
         report_to=[],
         seed=cfg.seed,
         max_length=cfg.max_length,
-        train_sampling_strategy="group_by_length",
+        train_sampling_strategy={"by_length": "group_by_length", "random": "random"}[cfg.sampling],
         dataloader_num_workers=0,
         disable_tqdm=False,
         **checkpointing_flag(cfg.gradient_checkpointing),
