@@ -84,12 +84,11 @@ def hotpotqa_pool(shared_root):
     return docs, read_jsonl(shared_root / "hotpotqa/dev_distractor_ircot_subsample.jsonl")
 
 
-@pytest.fixture(scope="session")
-def pipeline_runs(tmp_path_factory):
-    """runs/ with world, index, synthesize, sft (1 layer, a few steps), rl (1 step), eval artifacts."""
+def build_chain(runs) -> dict:
+    """world -> index -> synthesize -> sft (1 layer, a few steps) -> rl (1 step) -> eval in `runs`:
+    the shared fixture below, and the chain tests/test_chain_golden.py holds against its golden file."""
     from r3rag.pipeline import run_stage
 
-    runs = tmp_path_factory.mktemp("runs")
     refs = build_teacher_data(runs)
     refs["sft"] = run_stage(
         "sft",
@@ -104,7 +103,14 @@ def pipeline_runs(tmp_path_factory):
         runs,
     )
     refs["eval"] = run_stage("eval", None, ["limit=12", "max_turns=3", "max_new_tokens=16"], runs)
-    return runs, refs
+    return refs
+
+
+@pytest.fixture(scope="session")
+def pipeline_runs(tmp_path_factory):
+    """runs/ with world, index, synthesize, sft, rl, eval artifacts (build_chain)."""
+    runs = tmp_path_factory.mktemp("runs")
+    return runs, build_chain(runs)
 
 
 @pytest.fixture(scope="module")
