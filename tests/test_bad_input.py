@@ -16,7 +16,7 @@ from typing import Literal
 
 import pytest
 
-from r3rag.artifacts import ArtifactWriter, list_artifacts
+from r3rag.core.artifacts import ArtifactWriter, list_artifacts
 from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
 from tests.conftest import TINY_WORLD, build_teacher_data
 
@@ -394,8 +394,8 @@ def test_protocol_checks_every_choice():
     import dataclasses
     import typing
 
-    from r3rag.errors import UserError
-    from r3rag.protocol import CHOICES, Protocol
+    from r3rag.core.protocol import CHOICES, Protocol
+    from r3rag.util.errors import UserError
 
     hints = typing.get_type_hints(Protocol)
     literals = {
@@ -416,8 +416,8 @@ class _Numbered:
 
 def test_literal_choice_needs_its_type():
     """YAML's `true` is not the choice 1 (True == 1 in Python)."""
-    from r3rag.config import build_config
-    from r3rag.errors import UserError
+    from r3rag.util.config import build_config
+    from r3rag.util.errors import UserError
 
     assert build_config(_Numbered, {"n": 2}).n == 2
     with pytest.raises(UserError, match=r"config\.n: unknown value True \(allowed: 1, 2\)"):
@@ -447,7 +447,7 @@ def test_artifact_suffix_that_matches_several(env):
 
 
 def test_artifact_id_that_is_exact_wins_over_suffixes(env):
-    from r3rag.artifacts import resolve
+    from r3rag.core.artifacts import resolve
 
     world, other = _copy_with_same_suffix(env)
     assert resolve(f"world:{world.name}", "world", env.runs).path == world
@@ -529,7 +529,7 @@ def test_failed_command_leaves_no_empty_work_files(env):
 
 def test_what_a_rerun_resumes_from_is_kept(env):
     """Only empty leftovers go: a journal with lines (an interrupted run's work) stays."""
-    from r3rag.artifacts import ArtifactWriter
+    from r3rag.core.artifacts import ArtifactWriter
 
     w = ArtifactWriter("synthesize", "x", {"a": 1}, {}, env.runs)
     journal = w.final.parent / f".journal-{w.id}.jsonl"

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 import r3rag.retrieval.bm25_build as bb
-from r3rag.artifacts import list_artifacts
-from r3rag.errors import UserError
-from r3rag.pipeline import run_stage
+from r3rag.core.artifacts import list_artifacts
+from r3rag.experiments.pipeline import run_stage
 from r3rag.retrieval import load_retriever
 from r3rag.retrieval.bm25 import BM25Retriever
 from r3rag.retrieval.docstore import DocStore, rows_digest, write_docstore
+from r3rag.util.errors import UserError
 
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 
@@ -302,7 +302,7 @@ def test_an_existing_output_folder_is_refused_before_any_work(tmp_path):
 KILLED_STAGE = r"""
 import os, signal, sys
 import r3rag.retrieval.bm25_build as bb
-from r3rag.pipeline import run_stage
+from r3rag.experiments.pipeline import run_stage
 
 runs, corpus = sys.argv[1], sys.argv[2]
 bb.CHUNK_DOCS = 50

@@ -9,15 +9,15 @@ import json
 import pytest
 import torch
 
-from r3rag.env import EnvConfig, run_rollouts
-from r3rag.errors import UserError
+from r3rag.core.env import EnvConfig, run_rollouts
+from r3rag.core.protocol import Protocol
 from r3rag.generation.scripted import ScriptedGenerator
-from r3rag.grpo import dynamic_sample, rollout_batch, step_spans
-from r3rag.modeling import tiny_model, train_word_tokenizer
-from r3rag.protocol import Protocol
 from r3rag.retrieval.bm25 import BM25Retriever
-from r3rag.rewards import RewardScorer, RewardSettings
-from r3rag.trainers import step_advantages
+from r3rag.rl.grpo import dynamic_sample, rollout_batch, step_spans
+from r3rag.rl.rewards import RewardScorer, RewardSettings
+from r3rag.training.modeling import tiny_model, train_word_tokenizer
+from r3rag.training.trainers import step_advantages
+from r3rag.util.errors import UserError
 from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
 from tests.grad_helpers import keep_final_hidden
 from tests.test_rl_correctness import searching_policy  # noqa: F401 (a fixture: an SFT policy that searches)
@@ -62,8 +62,8 @@ def _config(**kw):
 
 
 def test_clip_higher_kl_and_loss_normalisation_reach_trls_config(tmp_path):
-    from r3rag.grpo import build_trainer
-    from r3rag.modeling import load_model
+    from r3rag.rl.grpo import build_trainer
+    from r3rag.training.modeling import load_model
 
     tok = _tokenizer()
     tiny_model(tok, layers=1, hidden=32, heads=2, intermediate=64).save_pretrained(tmp_path / "m")
@@ -90,9 +90,9 @@ def test_clip_higher_kl_and_loss_normalisation_reach_trls_config(tmp_path):
 
 
 def test_the_new_settings_are_in_the_artifact_hash_and_checked(tmp_path):
-    from r3rag.config import build_config
     from r3rag.stages.common import Context
     from r3rag.stages.rl import INPUTS, Config, validate
+    from r3rag.util.config import build_config
 
     ctx = Context(runs_dir=tmp_path)
     base = ctx.writer("rl", Config(), {}, INPUTS).id
@@ -149,7 +149,7 @@ def _signal(part):
 
 
 def test_dynamic_sampling_drops_flat_groups_and_refills_from_new_questions():
-    from r3rag.grpo import fresh_questions
+    from r3rag.rl.grpo import fresh_questions
 
     pool = [{"id": f"q{i}"} for i in range(8)]
     roll, seen = _fixed_roll(flat={"q0", "q2", "q3", "q5"})
@@ -169,7 +169,7 @@ def test_dynamic_sampling_drops_flat_groups_and_refills_from_new_questions():
 
 
 def test_dynamic_sampling_stops_at_the_round_cap_and_fills_with_flat_groups():
-    from r3rag.grpo import fresh_questions
+    from r3rag.rl.grpo import fresh_questions
 
     pool = [{"id": f"q{i}"} for i in range(10)]
     roll, seen = _fixed_roll(flat={p["id"] for p in pool})
@@ -189,8 +189,8 @@ def test_the_rollout_func_refills_flat_groups_with_fresh_questions_and_their_pro
     reach the logged rollout statistics."""
     from types import SimpleNamespace
 
-    from r3rag import grpo
-    from r3rag.rewards import rollout_stats
+    from r3rag.rl import grpo
+    from r3rag.rl.rewards import rollout_stats
 
     tok = _tokenizer()
     questions = [{**Q, "id": f"q{i}", "question": f"Where is it ? {'and more words ' * i}".strip()} for i in range(4)]
@@ -278,7 +278,7 @@ def test_step_credit_through_trl_gives_each_search_its_relevance_and_masks_the_d
     gradient whatever their advantage."""
     from trl import GRPOTrainer
 
-    from r3rag.grpo import build_trainer
+    from r3rag.rl.grpo import build_trainer
 
     assert hasattr(GRPOTrainer, "_generate_and_score_completions")  # the internal R3ragGRPOTrainer extends
     tok = _tokenizer()
@@ -331,7 +331,7 @@ def test_step_credit_through_trl_gives_each_search_its_relevance_and_masks_the_d
 
 
 def _dev_file(runs, tmp_path, n=4):
-    from r3rag.jsonl import read_jsonl
+    from r3rag.util.jsonl import read_jsonl
 
     (world,) = (runs / "world").glob("default-*")
     path = tmp_path / "dev.jsonl"
@@ -342,8 +342,8 @@ def _dev_file(runs, tmp_path, n=4):
 def test_dev_em_is_logged_beside_the_reward_at_the_eval_steps(pipeline_runs, tmp_path):
     """A real greedy dev evaluation every 2 steps and at the last (3), with dynamic sampling and
     per-step credit on: dev/em and dev/f1 in those steps' metrics lines, the kept step in the manifest."""
-    from r3rag.jsonl import read_jsonl
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
+    from r3rag.util.jsonl import read_jsonl
 
     runs, _ = pipeline_runs
     ref = run_stage(
@@ -381,9 +381,9 @@ def test_keep_best_dev_publishes_the_best_steps_weights(pipeline_runs, tmp_path,
     holds the weights the policy had at step 2, not the last ones (weight decay moves them every step)."""
     from safetensors.torch import load_file
 
-    from r3rag import grpo
-    from r3rag.jsonl import read_jsonl
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
+    from r3rag.rl import grpo
+    from r3rag.util.jsonl import read_jsonl
 
     runs, _ = pipeline_runs
     script = {0: 0.1, 2: 0.5, 4: 0.2}
@@ -443,7 +443,7 @@ def test_a_resumed_run_with_the_new_settings_ends_where_a_straight_run_ends(sear
     the same published weights as a straight run."""
     from safetensors.torch import load_file
 
-    from r3rag.jsonl import read_jsonl
+    from r3rag.util.jsonl import read_jsonl
     from tests.test_rl_correctness import _kill_after_checkpoint, _Killed, _run_rl
 
     extra = [

@@ -1,4 +1,4 @@
-"""Generation backends behind one small interface (see `r3rag.env.Generator`).
+"""Generation backends behind one small interface (see `r3rag.core.env.Generator`).
 
 - `HFGenerator`: a local transformers model, batched, left-padded, stopping per row on
   the protocol's stop strings.

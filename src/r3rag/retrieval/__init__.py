@@ -11,7 +11,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from r3rag.errors import UserError
+from r3rag.util.errors import UserError
 
 
 def load_retriever(index_dir: str | Path):

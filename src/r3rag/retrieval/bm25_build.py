@@ -57,8 +57,8 @@ sys.modules.setdefault("jax", None)  # bm25s imports JAX when present; forking a
 import bm25s  # noqa: E402
 from bm25s.scoring import _select_idf_scorer, _select_tfc_scorer  # noqa: E402 - its own formulas: bit-for-bit
 
-from r3rag.errors import UserError  # noqa: E402
 from r3rag.retrieval.docstore import DocStore, rows_digest  # noqa: E402
+from r3rag.util.errors import UserError  # noqa: E402
 
 CHUNK_DOCS = 50_000  # ~25 MB of scratch entries and ~100-200 MB of Python token lists at 100 words a passage
 BUCKET_ENTRIES = 4_000_000  # ~70 bytes an entry while a bucket is scored: ~300 MB

@@ -19,7 +19,7 @@ from __future__ import annotations
 
 from types import ModuleType
 
-from r3rag.errors import UserError
+from r3rag.util.errors import UserError
 
 # The order a pipeline runs its stages in (`r3rag run`); `report` reads eval artifacts and is run on its own.
 STAGE_ORDER = ("model", "world", "index", "synthesize", "base", "sft", "rl", "eval")
