@@ -54,7 +54,7 @@ def _experiment(tmp_path, **changes) -> Path:
 
 
 def test_experiment_shares_artifacts_fills_placeholders_and_writes_the_table(tmp_path):
-    from r3rag.experiments.experiment import run_file
+    from r3rag.experiments.run import run_file
 
     runs = tmp_path / "runs"
     ref = run_file(_experiment(tmp_path), ["rl.seed=3"], runs)
@@ -114,7 +114,7 @@ def test_replicate_pipeline_dry_run_plans_every_variant(tmp_path):
     for seed in (0, 1, 2):  # three seeds of GRPO and of both matched controls, each from its own cold start
         assert f"main#s{seed}: rl" in out.stdout and f"rft#s{seed}: synthesize" in out.stdout
     assert "max_steps=200" in out.stdout and "keep=all" in out.stdout
-    from r3rag.experiments.experiment import plan_file
+    from r3rag.experiments.run import plan_file
 
     plan = {row["stage"]: row for row in plan_file(ROOT / "pipelines" / "replicate.yaml", [], tmp_path / "runs")}
     for seed in (0, 1, 2):
@@ -188,7 +188,7 @@ def test_train_minutes_count_samples_drawn_from_a_policy_not_a_teachers():
 def test_a_seeded_experiment_trains_each_seed_and_reports_mean_and_sd(tmp_path):
     """`seeds:` runs the cold start once per seed (its world, index and teacher data shared) and
     the table row is over seeds."""
-    from r3rag.experiments.experiment import run_file
+    from r3rag.experiments.run import run_file
 
     runs = tmp_path / "runs"
     path = _experiment(

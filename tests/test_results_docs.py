@@ -178,7 +178,7 @@ def _mini(tmp_path: Path, **changes) -> Path:
 
 
 def test_an_experiment_writes_its_results_file(tmp_path, monkeypatch):
-    from r3rag.experiments.experiment import run_file
+    from r3rag.experiments.run import run_file
 
     monkeypatch.chdir(tmp_path)  # the results path is relative to the working directory
     ref = run_file(_mini(tmp_path), [], tmp_path / "runs")

@@ -73,8 +73,8 @@ def run_cmd(
     """
 
     def go():
-        from r3rag.experiments.experiment import plan_file, run_file
         from r3rag.experiments.pipeline import print_plan
+        from r3rag.experiments.run import plan_file, run_file
 
         if commit and slice_ is None:
             raise UserError("run: --commit commits a slice's file: it needs --slice NAME")

@@ -22,11 +22,12 @@ policy (its base, sft and rl artifacts' wall seconds, as recorded when they were
 `results: results/<name>.json`, the run also writes that results file, last (r3rag.experiments.results_file),
 from which `r3rag report --results` regenerates the docs' tables (r3rag.experiments.results_docs). A `slices`
 section divides the variants into units of work run one at a time with `--slice NAME` (r3rag.experiments.slices).
+`r3rag run FILE` reaches this module through r3rag.experiments.run, which also takes plain pipelines and slices.
 
 Usage:
     r3rag run pipelines/replicate.yaml
     r3rag run pipelines/replicate.yaml --dry-run
-    run_file(Path("pipelines/replicate.yaml"), [], runs_dir=None)   # a plain pipeline or an experiment
+    ref = run_experiment(Path("pipelines/replicate.yaml"), data, [], runs_dir=None)
 """
 
 from __future__ import annotations
@@ -40,12 +41,8 @@ from pathlib import Path
 from r3rag.core.artifacts import ArtifactRef, ArtifactWriter
 from r3rag.core.build_lock import ArtifactBusy, BuildLock
 from r3rag.experiments.pipeline import (
-    is_experiment,
-    load_pipeline,
     pipeline_stages,
-    plan_pipeline,
     plan_stages,
-    run_pipeline,
     run_stages,
     split_overrides,
 )
@@ -260,41 +257,3 @@ def machine() -> str:
 
     device = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no GPU"
     return f"{platform.machine()}, {os.cpu_count()} cores, {device}, torch {torch.__version__}"
-
-
-def run_file(
-    path: Path, overrides: list[str], runs_dir: Path | None, slice_name: str | None = None, commit: bool = False
-) -> ArtifactRef:
-    """`r3rag run`: an experiment (variants + table), one of its slices (`--slice`, r3rag.experiments.slices),
-    or else a plain pipeline."""
-    data = load_pipeline(path)
-    if is_experiment(data):
-        from r3rag.experiments.slices import load_slices, pick
-
-        experiment, slices = load_slices(path, data)  # checked on every run: a typo fails before hours of work
-        if slice_name is None:
-            return run_experiment(path, experiment, overrides, runs_dir)
-        from r3rag.experiments.slice_file import run_slice
-
-        return run_slice(path, experiment, pick(path, slices, slice_name), overrides, runs_dir, commit)
-    _no_slice(path, slice_name)
-    return run_pipeline(path, overrides, runs_dir, data=data)
-
-
-def plan_file(path: Path, overrides: list[str], runs_dir: Path | None, slice_name: str | None = None) -> list[dict]:
-    """`r3rag run --dry-run`: the plan of an experiment, of one of its slices, or of a plain pipeline."""
-    data = load_pipeline(path)
-    if is_experiment(data):
-        from r3rag.experiments.slices import load_slices, pick, slice_experiment
-
-        experiment, slices = load_slices(path, data)
-        if slice_name is not None:
-            experiment = slice_experiment(path, experiment, pick(path, slices, slice_name))
-        return plan_experiment(path, experiment, overrides, runs_dir)
-    _no_slice(path, slice_name)
-    return plan_pipeline(path, overrides, runs_dir, data=data)
-
-
-def _no_slice(path: Path, slice_name: str | None) -> None:
-    if slice_name is not None:
-        raise UserError(f"{path}: --slice: a plain pipeline has no slices (an experiment declares them)")

@@ -34,8 +34,9 @@ import time
 from pathlib import Path
 
 from r3rag.core.artifacts import ArtifactRef, default_runs_dir
-from r3rag.experiments.experiment import build_variants, check_overrides, parse_variants, run_file
+from r3rag.experiments.experiment import build_variants, check_overrides, parse_variants
 from r3rag.experiments.pipeline import is_experiment, load_pipeline
+from r3rag.experiments.run import run_file
 from r3rag.util.errors import UserError
 
 PR_SET_PDEATHSIG = 1  # linux/prctl.h

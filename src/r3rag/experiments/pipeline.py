@@ -4,7 +4,7 @@ A pipeline YAML has a top-level `name`, an optional `stages` list (default: ever
 section present, in pipeline order) and one section per stage. Within `run`, an input
 written as `<stage>:latest` is bound to the artifact that stage produced in this run.
 A pipeline with `variants` and a `table` is an experiment: r3rag.experiments.experiment runs it (above this
-module: it calls `run_stages`; `r3rag run` goes through its `run_file` for both kinds).
+module: it calls `run_stages`; `r3rag run` goes through r3rag.experiments.run for both kinds).
 `extends: other.yaml` starts from another pipeline file and changes some of its settings.
 
 Usage:
@@ -138,7 +138,7 @@ def _plain(path: Path, data: dict | None) -> dict:
     data = _load_pipeline(path) if data is None else data
     if is_experiment(data):  # the experiment layer sits above this one and calls it, not the reverse
         raise UserError(
-            f"{path}: has variants and a table: an experiment (run it with `r3rag run`, or r3rag.experiments.experiment.run_file)"
+            f"{path}: has variants and a table: an experiment (run it with `r3rag run`, or r3rag.experiments.run.run_file)"
         )
     if "results" in data:  # a results file is an experiment's table as data: a plain pipeline has no table
         raise UserError(f"{path}: results: only an experiment (variants and a table) writes a results file")
@@ -149,7 +149,7 @@ def _plain(path: Path, data: dict | None) -> dict:
 
 def run_pipeline(path: Path, overrides: list[str], runs_dir: Path | None, data: dict | None = None) -> ArtifactRef:
     """A plain pipeline (no variants): its stages in order; returns the last one's artifact.
-    `r3rag run` takes experiments too (r3rag.experiments.experiment.run_file)."""
+    `r3rag run` takes experiments too (r3rag.experiments.run.run_file)."""
     data = _plain(path, data)
     stages = pipeline_stages(data, path)
     return run_stages(path, data, stages, split_overrides(overrides, stages), runs_dir)[stages[-1]]
