@@ -2,5 +2,5 @@
 paired comparisons), `resume`, `judge` (LLM answer judge), `report` and `browser` (the table, chart
 and HTML viewer, and its headless-Chromium check).
 
-May import training/, generation/, retrieval/, data/, core/, util/.
+May import training/, generation/, core/ and util/.
 """

@@ -13,6 +13,9 @@ Usage:
     cfg = module.Config(epochs=2)
     STAGES["sft"]                           # the first paragraph of r3rag.stages.sft's docstring
     stage_module("sfx")                     # UserError: unknown stage 'sfx' (known: model, world, ...)
+
+A stage wires the packages below it (rl/, evaluation/, synthesis/, training/, generation/,
+retrieval/, data/, core/, util/) into one artifact; experiments/ and cli/ run the stages.
 """
 
 from __future__ import annotations
