@@ -14,7 +14,7 @@ are in r3rag.cli.base; the commands that are not a stage in r3rag.cli.commands (
 `r3rag data fetch|list` in r3rag.cli.data.
 
 `r3rag --help` and `r3rag <stage> --help` take a fraction of a second: the CLI imports no stage
-module (a stage's help is read from its module when shown: `cli_base.StageCommand`), and a stage module
+module (a stage's help is read from its module when shown: `base.StageCommand`), and a stage module
 imports torch, transformers, TRL and datasets inside the functions that use them, never at its top
 or at the top of what it imports (tests/test_cli_speed.py). Help is click's plain formatter, not Typer's
 rich one, and rich is imported only by the commands that print with it.
@@ -27,9 +27,7 @@ import sys
 
 import typer
 
-from r3rag.cli import commands as cli_commands
-from r3rag.cli import data as cli_data
-from r3rag.cli import run as cli_run
+from r3rag.cli import commands, data, run
 from r3rag.cli.base import (
     ConfigOpt,
     DebugOpt,
@@ -56,7 +54,7 @@ app = typer.Typer(
     # Plain click help, not Typer's rich formatter: importing that (rich's console, markdown, tables) takes
     # ~0.29 s, as long as the 0.3 s help may take (issue 19.3). Help texts stay Markdown for docs/cli.md.
     rich_markup_mode=None,
-    add_help_option=False,  # the app's --help is `_options`' HelpOpt (cli_base)
+    add_help_option=False,  # the app's --help is `_options`' HelpOpt (cli.base)
 )
 
 
@@ -115,14 +113,14 @@ for _stage in STAGE_ORDER:
 
 
 # The other commands, in this order in `r3rag --help`.
-app.command("report", cls=StageSettings)(cli_commands.report_cmd)
-app.command("eval-retrieval")(cli_commands.eval_retrieval_cmd)
-app.command("import-model")(cli_commands.import_model_cmd)
-app.command("import")(cli_commands.import_cmd)
-app.command("run")(cli_run.run_cmd)
-app.command("serve-retriever")(cli_commands.serve_retriever_cmd)
-app.command("runs")(cli_commands.runs_cmd)
-app.add_typer(cli_data.app, name="data")
+app.command("report", cls=StageSettings)(commands.report_cmd)
+app.command("eval-retrieval")(commands.eval_retrieval_cmd)
+app.command("import-model")(commands.import_model_cmd)
+app.command("import")(commands.import_cmd)
+app.command("run")(run.run_cmd)
+app.command("serve-retriever")(commands.serve_retriever_cmd)
+app.command("runs")(commands.runs_cmd)
+app.add_typer(data.app, name="data")
 
 
 def main() -> None:
