@@ -218,9 +218,7 @@ def train_sft(model, tokenizer, rows, cfg: Config, work: Path, ctx: Context, pro
     show_progress(trainer, "sft", ctx.console)
     clock = TrainClock(resume_from, Path(work) / "metrics.jsonl")  # SFT logs none: a checkpoint's record or 0
     trainer.add_callback(clock)
-    trainer.resume_from = (
-        resume_from  # the epoch order it resumes into (r3rag.training.trainers.ReplayableLengthSampler)
-    )
+    trainer.resume_from = resume_from  # the epoch order it resumes into (trainers.ReplayableLengthSampler)
     result = trainer.train(resume_from_checkpoint=resume_from)
     n_tokens = sum(len(e[0]) for e in encoded)
     epochs = _epochs_trained(cfg, result.global_step, len(encoded))
