@@ -52,13 +52,13 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--repeats", type=int, default=5)
     args = ap.parse_args()
-    from r3rag.cli import app  # the command names, as the CLI registers them
+    from r3rag.cli.app import app  # the command names, as the CLI registers them
 
     commands = [c.name for c in app.registered_commands]
     top = timed([*CLI, "--help"], args.repeats)
     per_command = {c: timed([*CLI, c, "--help"], args.repeats) for c in commands}
     bare = timed([sys.executable, "-c", "pass"], args.repeats)
-    import_cli = timed([sys.executable, "-c", "import r3rag.cli"], args.repeats)
+    import_cli = timed([sys.executable, "-c", "import r3rag.cli.app"], args.repeats)
     floor = timed([sys.executable, "-c", "import typer.rich_utils"], args.repeats)
     for name, (w, c) in [("--help", top), *((f"{n} --help", t) for n, t in per_command.items())]:
         print(f"r3rag {name:<24} {w:6.3f} s wall {c:6.3f} s CPU")

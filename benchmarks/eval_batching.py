@@ -19,7 +19,7 @@ import time
 
 from policy import setup, steering  # benchmarks/policy.py
 
-from r3rag.env import EnvConfig, run_rollouts
+from r3rag.core.env import EnvConfig, run_rollouts
 from r3rag.generation.hf import HFGenerator
 
 

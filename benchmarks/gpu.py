@@ -101,7 +101,7 @@ def random_qwen(shape: dict, device: str):
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from r3rag.data.world import WorldConfig, world_vocabulary
-    from r3rag.modeling import train_word_tokenizer
+    from r3rag.training.modeling import train_word_tokenizer
 
     words = world_vocabulary(WorldConfig())
     filler = [f"w{i}" for i in range(max(0, shape["vocab_size"] - len(words) - 16))]
@@ -123,10 +123,10 @@ def rollout(shape: dict, device: str, batches: list[int]) -> dict:
     from policy import ScriptedTurns  # benchmarks/policy.py
     from rollout import plain_generate
 
+    from r3rag.core.env import EnvConfig, run_rollouts
+    from r3rag.core.protocol import Protocol
     from r3rag.data.world import WorldConfig, generate_world
-    from r3rag.env import EnvConfig, run_rollouts
     from r3rag.generation.hf import HFGenerator
-    from r3rag.protocol import Protocol
     from r3rag.retrieval.bm25 import BM25Retriever
 
     model, tok = random_qwen(shape, device)
@@ -173,8 +173,8 @@ def rollout(shape: dict, device: str, batches: list[int]) -> dict:
 
 
 def grpo(shape: dict, device: str, runs: Path) -> dict:
-    from r3rag.jsonl import read_jsonl
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
+    from r3rag.util.jsonl import read_jsonl
 
     model, tok = random_qwen(shape, device)
     model_dir = runs / "qwen-random"

@@ -22,8 +22,8 @@ if [ -n "${WHEELS:-}" ]; then
     export PYTHONPATH="$SITE${PYTHONPATH:+:$PYTHONPATH}"
 fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"  # gpu.py's stage runs start `python -m r3rag.cli`
-if ! "$PY" -c "import r3rag.cli, trl, peft, bm25s, datasets" 2>/dev/null; then
-    "$PY" -c "import r3rag.cli, trl, peft, bm25s, datasets" 2>&1 | tail -1 >&2
+if ! "$PY" -c "import r3rag.cli.app, trl, peft, bm25s, datasets" 2>/dev/null; then
+    "$PY" -c "import r3rag.cli.app, trl, peft, bm25s, datasets" 2>&1 | tail -1 >&2
     echo "error: a dependency of r3rag is not importable; fetch wheels with benchmarks/gpu_wheels.sh and set WHEELS=<dir> (no network here)" >&2
     exit 2
 fi

@@ -3,7 +3,7 @@ call on the whole padded batch, on real multi-turn rollouts.
 
 TRL pads a generation batch to its longest prompt (left) and longest completion (right);
 `ResumableGRPOTrainer._get_per_token_logps_and_entropies` sorts the rows by length, scores
-them `LOGPS_ROWS` at a time with each group's all-padding columns trimmed (r3rag.trainers).
+them `LOGPS_ROWS` at a time with each group's all-padding columns trimmed (r3rag.training.trainers).
 This rolls out `--prompts` x `--group` trajectories of a policy (a `runs/sft` artifact, or a
 random tiny model steered to search: benchmarks/policy.py) at temperature 0.3, pads them as
 TRL does, and times one loss-sized call (forward with entropy, backward) both ways on the
@@ -35,9 +35,9 @@ def padded_batch(questions, retriever, model, tok, protocol, source, group: int)
     import torch
     from policy import steering  # benchmarks/policy.py
 
-    from r3rag.env import EnvConfig, run_rollouts
+    from r3rag.core.env import EnvConfig, run_rollouts
     from r3rag.generation.hf import HFGenerator
-    from r3rag.grpo import rollout_batch
+    from r3rag.rl.grpo import rollout_batch
 
     gen = HFGenerator(model, tok, temperature=0.3, logits_processors=steering(source, tok))
     repeated = [q for q in questions for _ in range(group)]
@@ -55,7 +55,7 @@ def trainer_for(model, tok, tmp: str):
     from datasets import Dataset
     from trl import GRPOConfig
 
-    from r3rag.trainers import ResumableGRPOTrainer
+    from r3rag.training.trainers import ResumableGRPOTrainer
 
     args = GRPOConfig(
         output_dir=tmp, use_cpu=True, bf16=False, report_to=[], temperature=0.3,

@@ -20,15 +20,15 @@ import sys
 import time
 from collections import Counter
 
+from r3rag.core.protocol import Protocol
 from r3rag.data.corpus import load_corpus
 from r3rag.data.importers import import_questions
 from r3rag.data.shared import shared_data
-from r3rag.protocol import Protocol
 from r3rag.retrieval.bm25 import BM25Retriever
 from r3rag.retrieval.dense import DenseRetriever
 from r3rag.retrieval.hybrid import HybridRetriever
 from r3rag.stages.synthesize import Config, attempt_loop
-from r3rag.teachers import oracle_teacher
+from r3rag.synthesis.teachers import oracle_teacher
 
 SETS = {
     "hotpotqa": ("hotpotqa/dev_distractor_ircot_subsample.jsonl", "corpus/hotpotqa_dev_context_pool.jsonl"),

@@ -15,9 +15,9 @@ from pathlib import Path
 
 import torch
 
-from r3rag.artifacts import list_artifacts
+from r3rag.core.artifacts import list_artifacts
+from r3rag.core.protocol import Protocol
 from r3rag.data.world import world_vocabulary
-from r3rag.protocol import Protocol
 
 RANDOM = "random tiny model (steered by ScriptedTurns)"
 
@@ -66,8 +66,8 @@ def steering(source: str, tok) -> list:
 def load_or_make_policy(policy: str | None):
     """A trained policy gives realistic multi-turn rollouts; the random model searches only as
     `steering` makes it (its answers are noise), with the same forward passes."""
-    from r3rag.modeling import load_policy, tiny_model, train_word_tokenizer
-    from r3rag.training import load_protocol_dict
+    from r3rag.training.helpers import load_protocol_dict
+    from r3rag.training.modeling import load_policy, tiny_model, train_word_tokenizer
 
     if policy is None:
         found = list_artifacts(Path("runs"), "sft")

@@ -18,7 +18,7 @@ imported `model/` directory), then measures on `--threads` threads (default 2):
   batches of 4 x 512-token sequences of corpus text; tokens per second over the steps after
   the first (warm-up).
 - `real_grpo_step_s`: seconds of the second GRPO step (the first warms up; both reported)
-  through `r3rag.grpo.build_trainer` with the real multi-turn rollout_func: 8 prompts x 4
+  through `r3rag.rl.grpo.build_trainer` with the real multi-turn rollout_func: 8 prompts x 4
   generations (one rollout batch, trained in 4 micro-batches of 8: one of 32 went past 24 GB),
   max_turns 2, 24 new tokens per turn, sampling at T = 1, BM25 as above, EM reward, steered
   by `ForcedTurns` (one search, then an answer) so every trajectory is multi-turn.
@@ -56,9 +56,9 @@ import torch  # noqa: E402
 from rollout import plain_generate  # noqa: E402  (benchmarks/rollout.py)
 from transformers import LogitsProcessor, TrainerCallback  # noqa: E402
 
-from r3rag.env import EnvConfig, run_rollouts  # noqa: E402
+from r3rag.core.env import EnvConfig, run_rollouts  # noqa: E402
+from r3rag.core.protocol import Protocol  # noqa: E402
 from r3rag.generation.hf import HFGenerator  # noqa: E402
-from r3rag.protocol import Protocol  # noqa: E402
 
 PROTOCOL = Protocol(template="search-r1", doc_style="search-r1", chat=True, max_doc_chars=300)
 DOC_MARK = "Doc 1(Title:"  # only the environment's documents contain it
@@ -144,7 +144,7 @@ class StepClock(TrainerCallback):
 def model_dir(arg: str | None, tmp: Path) -> Path:
     if arg:
         return Path(arg)
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
 
     return run_stage("model", None, [], tmp / "runs").path / "model"
 
@@ -156,7 +156,7 @@ def data():
     root = shared_data()
     if root is not None and (root / "corpus/hotpotqa_dev_context_pool.jsonl").is_file():
         from r3rag.data.corpus import load_corpus
-        from r3rag.jsonl import read_jsonl
+        from r3rag.util.jsonl import read_jsonl
 
         return (
             read_jsonl(root / "hotpotqa/dev_distractor_ircot_subsample.jsonl"),
@@ -170,7 +170,7 @@ def data():
 
 
 def load(path: Path):
-    from r3rag.modeling import load_model, load_tokenizer
+    from r3rag.training.modeling import load_model, load_tokenizer
 
     return load_model(path, dtype="float32"), load_tokenizer(path)
 
@@ -220,8 +220,8 @@ def bench_sft(path: Path, docs, s, bf16, work: Path) -> tuple[float, list[float]
     from datasets import Dataset
     from trl import SFTConfig
 
-    from r3rag.trainers import FastSFTTrainer
-    from r3rag.training import checkpointing_flag, device_flags
+    from r3rag.training.helpers import checkpointing_flag, device_flags
+    from r3rag.training.trainers import FastSFTTrainer
 
     model, tok = load(path)
     stream: list[int] = []
@@ -254,8 +254,8 @@ def bench_sft(path: Path, docs, s, bf16, work: Path) -> tuple[float, list[float]
 
 def bench_grpo(path: Path, questions, retriever, s, bf16, work: Path) -> dict:
     import r3rag.generation.hf as hf
-    from r3rag.grpo import build_trainer
-    from r3rag.rewards import RewardScorer, RewardSettings
+    from r3rag.rl.grpo import build_trainer
+    from r3rag.rl.rewards import RewardScorer, RewardSettings
     from r3rag.stages.rl import Config
 
     model, tok = load(path)

@@ -42,9 +42,9 @@ from server_load import free_port, run_clients, wait_until_up  # beside this scr
 
 from r3rag.data.corpus import load_corpus
 from r3rag.data.shared import shared_data
-from r3rag.jsonl import read_jsonl
 from r3rag.retrieval.bm25 import BM25Retriever  # first: it blocks JAX before bm25s is imported
 from r3rag.retrieval.rank_bm25_backend import RankBM25Retriever
+from r3rag.util.jsonl import read_jsonl
 
 POOLS = (
     "hotpotqa_dev_context_pool",

@@ -16,11 +16,11 @@ import time
 
 from r3rag.data.corpus import load_corpus
 from r3rag.data.shared import shared_data
-from r3rag.jsonl import read_jsonl
 from r3rag.retrieval.bm25 import BM25Retriever
 from r3rag.retrieval.dense import DenseRetriever
 from r3rag.retrieval.evaluate import retrieval_metrics
 from r3rag.retrieval.hybrid import HybridRetriever
+from r3rag.util.jsonl import read_jsonl
 
 
 def main() -> None:

@@ -114,7 +114,7 @@ def write_corpus(root: Path, n: int, out: Path) -> int:
 
 
 def load_queries(root: Path, n: int) -> list[str]:
-    from r3rag.jsonl import iter_jsonl
+    from r3rag.util.jsonl import iter_jsonl
 
     qs = [r["question"] for name in QA_FILES if (root / name).is_file() for r in iter_jsonl(root / name)]
     return [qs[i % len(qs)] for i in range(n)]

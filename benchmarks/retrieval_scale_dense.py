@@ -153,7 +153,7 @@ def _shared_root() -> Path:
 
 
 def _queries(root: Path, n: int) -> list[str]:
-    from r3rag.jsonl import iter_jsonl
+    from r3rag.util.jsonl import iter_jsonl
 
     files = sorted(p for p in root.glob("*/*.jsonl") if p.parent.name != "corpus")
     qs = list(dict.fromkeys(r["question"] for p in files for r in iter_jsonl(p) if "question" in r))  # distinct

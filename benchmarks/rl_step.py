@@ -35,7 +35,7 @@ PROMPTS, GROUP = 8, 4
 
 
 def prepare(runs: Path, threads: int):
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
 
     run_stage("world", None, [], runs)
     run_stage("index", None, [], runs)
@@ -44,8 +44,8 @@ def prepare(runs: Path, threads: int):
 
 
 def multi_turn(runs: Path, steps: int, threads: int) -> dict:
-    from r3rag.jsonl import read_jsonl
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
+    from r3rag.util.jsonl import read_jsonl
 
     ref = run_stage(
         "rl",
@@ -82,10 +82,10 @@ def single_turn(sft_path: Path, runs: Path, steps: int) -> float:
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    from r3rag.jsonl import read_jsonl
-    from r3rag.modeling import load_policy
-    from r3rag.protocol import Protocol
-    from r3rag.training import device_flags, load_protocol_dict
+    from r3rag.core.protocol import Protocol
+    from r3rag.training.helpers import device_flags, load_protocol_dict
+    from r3rag.training.modeling import load_policy
+    from r3rag.util.jsonl import read_jsonl
 
     model, tok = load_policy(sft_path)
     protocol = Protocol(**load_protocol_dict(sft_path))

@@ -41,7 +41,7 @@ import torch
 from policy import setup, steering  # benchmarks/policy.py
 from transformers import StoppingCriteria, StoppingCriteriaList
 
-from r3rag.env import EnvConfig, run_rollouts
+from r3rag.core.env import EnvConfig, run_rollouts
 from r3rag.generation.hf import HFGenerator, left_pad
 
 

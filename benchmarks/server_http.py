@@ -39,7 +39,7 @@ def serve(setup: str, port: int) -> None:
     import uvicorn
     from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    from r3rag.protocol import Hit
+    from r3rag.core.protocol import Hit
     from r3rag.retrieval import server_guards
     from r3rag.retrieval.server import MAX_CONNECTIONS, bind_socket, make_app, uvicorn_config
 

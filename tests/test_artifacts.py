@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from r3rag.artifacts import ArtifactWriter, list_artifacts, resolve
-from r3rag.errors import UserError
+from r3rag.core.artifacts import ArtifactWriter, list_artifacts, resolve
+from r3rag.util.errors import UserError
 
 
 def _write(runs, config, text="hello"):

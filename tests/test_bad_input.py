@@ -1,72 +1,23 @@
-"""The bad-input matrix: every command that reads a file, fed every kind of broken input.
+"""The bad-input matrix: every command that reads a file, fed every kind of broken input file and
+artifact (broken settings and pipeline files: tests/test_bad_settings.py).
 
 Each case must exit non-zero with exactly one line `error: ...` naming the file (and line, for
 JSONL) and what is wrong, show no traceback (only with --debug), and leave nothing new in the
-runs dir: no artifact, no temp directory. The CLI runs in-process (typer's runner) so the ~120
-cases take seconds; tests/test_cli.py covers the same errors through a real subprocess.
+runs dir: no artifact, no temp directory (tests/bad_input_helpers.check). The CLI runs in-process
+(typer's runner) so the ~100 cases take seconds; tests/test_cli.py covers the same errors through a real subprocess.
 """
 
 from __future__ import annotations
 
 import json
 import shutil
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
 
 import pytest
 
-from r3rag.artifacts import ArtifactWriter, list_artifacts
+from tests.bad_input_helpers import BIG, Env, base, check, env  # noqa: F401 (fixtures)
 from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
-from tests.conftest import TINY_WORLD, build_teacher_data
-
-BIG = 10 * 1024 * 1024  # the "10 MB single line"
-
-
-@pytest.fixture(scope="module")
-def base(tmp_path_factory):
-    """A runs dir with real world, index and synthesize artifacts and small fake sft/eval ones
-    (resolving an input only reads its manifest and hashes its files: no training needed)."""
-
-    runs = tmp_path_factory.mktemp("base") / "runs"
-    build_teacher_data(runs)
-    with ArtifactWriter("sft", "fake", {"model": "tiny"}, {}, runs) as w:
-        (w.dir / "model").mkdir()
-        (w.dir / "model" / "config.json").write_text("{}")
-    with ArtifactWriter("eval", "fake", {"limit": 1}, {}, runs) as w:
-        (w.dir / "metrics.json").write_text(json.dumps({"systems": {"x": {"em": 0.5, "f1": 0.5, "n": 2}}}))
-        (w.dir / "predictions.jsonl").write_text('{"id": "1"}\n{"id": \n')  # broken, but hashed as written
-    return runs
-
-
-@pytest.fixture
-def env(base, tmp_path, monkeypatch):
-    """A private copy of the runs dir (cases tamper with it) and a scratch dir as cwd."""
-    runs = tmp_path / "runs"
-    shutil.copytree(base, runs)
-    monkeypatch.chdir(tmp_path)
-    return Env(tmp_path, runs)
-
-
-class Env:
-    def __init__(self, root: Path, runs: Path):
-        self.root, self.runs = root, runs
-
-    def art(self, stage: str) -> Path:
-        return list_artifacts(self.runs, stage)[0].path
-
-    def tampered(self, stage: str) -> Path:
-        """An artifact one of whose files changed after its manifest was written."""
-        path = self.art(stage)
-        victim = next(p for p in sorted(path.rglob("*")) if p.is_file() and p.name != "manifest.json")
-        victim.write_bytes(victim.read_bytes() + b" ")
-        return path
-
-    def file(self, name: str, content: bytes | str | None) -> Path:
-        path = self.root / name
-        if content is not None:
-            path.write_bytes(content.encode() if isinstance(content, str) else content)
-        return path
+from tests.conftest import TINY_WORLD
 
 
 def _jsonl(*rows) -> str:
@@ -145,26 +96,6 @@ FILE_CASES = [
     for cmd, (_, cases) in FILE_COMMANDS.items()
     for name, content, needles in cases
 ]
-
-
-def _snapshot(runs: Path) -> set[str]:
-    """Everything in the runs dir: stage folders (even empty ones), artifacts and any (hidden) temp
-    directories."""
-    return {p.relative_to(runs).as_posix() for p in [*runs.glob("*"), *runs.glob("*/*")]}
-
-
-def check(e: Env, args, *needles, keeps_work_dir: bool = False):
-    """`keeps_work_dir`: rl keeps runs/rl/.work-<id> (its checkpoints, for --resume), which
-    holds no manifest and is replaced by the next run."""
-    before = _snapshot(e.runs)
-    out = r3rag_inprocess(*args)
-    assert_one_line_error(out, *needles)
-    assert len(out.stderr) < 1000  # never echoes a 10 MB line back
-    new = _snapshot(e.runs) - before
-    if keeps_work_dir:
-        new = {p for p in new if not p.startswith("rl/.work-") or (e.runs / p / "manifest.json").exists()}
-    assert not new and _snapshot(e.runs) >= before, f"the failed command left {new} in runs/"
-    assert not (e.root / "out.jsonl").exists()
 
 
 @pytest.mark.parametrize("cmd, name, content, needles", FILE_CASES)
@@ -270,56 +201,6 @@ def test_model_dir_that_is_not_a_model(env):
     )
 
 
-# ------------------------------------------------------------------ configs and pipelines
-
-STAGES = ["world", "index", "synthesize", "sft", "rl", "eval"]
-KEY_OF = {"world": "seed", "index": "k1", "synthesize": "limit", "sft": "epochs", "rl": "steps", "eval": "limit"}
-
-
-@pytest.mark.parametrize("stage", STAGES)
-def test_unknown_config_key(env, stage):
-    args = [stage, "--runs-dir", env.runs]
-    p = env.file("p.yaml", f"{stage}:\n  colour: red\n")
-    check(env, [*args, "--config", p], "p.yaml", f"{stage}: unknown key 'colour'")
-    check(env, [*args, "--set", "colour=red"], "unknown key 'colour'")
-
-
-@pytest.mark.parametrize("stage", STAGES)
-def test_wrong_config_type(env, stage):
-    key = KEY_OF[stage]
-    p = env.file("p.yaml", f"{stage}:\n  {key}: [1, 2]\n")
-    check(env, [stage, "--runs-dir", env.runs, "--config", p], "p.yaml", f"{stage}.{key}", "expected")
-    check(env, [stage, "--runs-dir", env.runs, "--set", f"{key}=lots"], f"{key}", "expected")
-
-
-@pytest.mark.parametrize("name", ["../escape", "a/b", "", "x" * 300, ".hidden"])
-def test_bad_artifact_name(env, name):
-    check(env, ["world", "--runs-dir", env.runs, "--set", f"name={name}"], "name", "must be")
-
-
-PIPELINE_CASES = [
-    ("missing-file", None, ["not found"]),
-    ("empty-file", "", ["no stages"]),
-    ("malformed-yaml", "name: x\nworld:\n  seed: [1\n", ["line", "invalid YAML"]),
-    ("not-a-mapping", "- world\n- index\n", ["expected a mapping"]),
-    ("unknown-top-key", "name: x\ncolour: red\n", ["unknown top-level key 'colour'"]),
-    ("unknown-stage-key", "name: x\nworld:\n  colour: red\n", ["world: unknown key 'colour'"]),
-    ("wrong-type", "name: x\nworld:\n  seed: abc\n", ["world.seed", "expected an integer"]),
-    ("section-not-mapping", "name: x\nworld: 3\n", ["'world' must be a mapping"]),
-    ("unknown-stage", "name: x\nstages: [world, train]\nworld: {}\n", ["unknown stage 'train'"]),
-    ("non-utf8", b"name: caf\xe9\nworld: {}\n", ["UTF-8"]),
-    ("10mb-line", b"name: [" + b"a," * (BIG // 2), ["too large"]),
-]
-
-
-@pytest.mark.parametrize("name, content, needles", PIPELINE_CASES, ids=[c[0] for c in PIPELINE_CASES])
-def test_bad_pipeline_file(env, name, content, needles):
-    p = env.file(f"pipe-{name}.yaml", content)
-    check(env, ["run", p, "--runs-dir", env.runs], p.name, *needles)
-    if name not in ("empty-file", "unknown-stage", "not-a-mapping", "unknown-top-key"):  # same loader for --config
-        check(env, ["world", "--config", p, "--runs-dir", env.runs], p.name, *needles)
-
-
 # ------------------------------------------------------------------ --debug shows the traceback
 
 
@@ -329,99 +210,7 @@ def test_debug_shows_the_traceback(env):
     assert out.returncode != 0 and "Traceback" in out.stderr and "UserError" in out.stderr
 
 
-# ------------------------------------------------------------------ issue 19
-
-REPO = Path(__file__).resolve().parents[1]
-
-
-@pytest.mark.parametrize(
-    "args, needles",
-    [
-        (["synthesize", "--set", "template=serch-r1"], ["synthesize.template", "'serch-r1'", "search-r1, minimal, qa"]),
-        (["synthesize", "--set", "doc_style=html"], ["synthesize.doc_style", "'html'", "search-r1, plain"]),
-        (["synthesize", "--set", "protocol=r4"], ["synthesize.protocol", "'r4'", "search-r1, r3rag, ircot"]),
-        (
-            ["rl", "--set", "template=serch-r1", "--set", "model=tiny", "--set", "policy="],
-            ["rl.template", "'serch-r1'"],
-        ),
-        # Literal-typed fields, checked by the config itself: a stage's and a nested spec's
-        (["index", "--set", "backend=dense", "--set", "pooling=max"], ["index.pooling", "'max'", "mean, cls"]),
-        (
-            [
-                "eval",
-                "--set",
-                "systems=[m]",
-                "--set",
-                "models.m.scripted=top-title",
-                "--set",
-                "models.m.template=serch",
-                "--set",
-                "sft=",
-                "--set",
-                "rl=",
-            ],
-            ["eval.models.m.template", "'serch'", "search-r1, minimal, qa"],
-        ),
-    ],
-    ids=[
-        "synthesize-template",
-        "synthesize-doc_style",
-        "synthesize-protocol",
-        "rl-template",
-        "index-pooling",
-        "eval-spec-template",
-    ],
-)
-def test_setting_outside_its_choices(env, args, needles):
-    """A misspelled choice used to be accepted: `synthesize --set template=serch-r1` committed an artifact."""
-    check(env, [args[0], "--runs-dir", env.runs, *args[1:]], *needles, "allowed:")
-
-
-def test_setting_outside_its_choices_dry_run(env):
-    out = r3rag_inprocess(
-        "run",
-        REPO / "pipelines/demo.yaml",
-        "--set",
-        "synthesize.template=serch-r1",
-        "--dry-run",
-        "--runs-dir",
-        env.runs,
-    )
-    assert_one_line_error(out, "demo.yaml", "synthesize.template", "'serch-r1'", "allowed: search-r1, minimal, qa")
-
-
-def test_protocol_checks_every_choice():
-    import dataclasses
-    import typing
-
-    from r3rag.errors import UserError
-    from r3rag.protocol import CHOICES, Protocol
-
-    hints = typing.get_type_hints(Protocol)
-    literals = {
-        f.name: typing.get_args(hints[f.name])
-        for f in dataclasses.fields(Protocol)
-        if typing.get_origin(hints[f.name]) is typing.Literal
-    }
-    assert CHOICES == literals  # every Literal field is validated, against its own values
-    for key in CHOICES:
-        with pytest.raises(UserError, match=rf"^protocol\.{key}: unknown .*'nope' \(allowed: "):
-            Protocol(**{key: "nope"})
-
-
-@dataclass
-class _Numbered:
-    n: Literal[1, 2] = 1
-
-
-def test_literal_choice_needs_its_type():
-    """YAML's `true` is not the choice 1 (True == 1 in Python)."""
-    from r3rag.config import build_config
-    from r3rag.errors import UserError
-
-    assert build_config(_Numbered, {"n": 2}).n == 2
-    with pytest.raises(UserError, match=r"config\.n: unknown value True \(allowed: 1, 2\)"):
-        build_config(_Numbered, {"n": True})
+# ------------------------------------------------------------------ artifact ids, messages, what a failure leaves
 
 
 def _copy_with_same_suffix(e: Env) -> tuple[Path, Path]:
@@ -447,7 +236,7 @@ def test_artifact_suffix_that_matches_several(env):
 
 
 def test_artifact_id_that_is_exact_wins_over_suffixes(env):
-    from r3rag.artifacts import resolve
+    from r3rag.core.artifacts import resolve
 
     world, other = _copy_with_same_suffix(env)
     assert resolve(f"world:{world.name}", "world", env.runs).path == world
@@ -529,29 +318,10 @@ def test_failed_command_leaves_no_empty_work_files(env):
 
 def test_what_a_rerun_resumes_from_is_kept(env):
     """Only empty leftovers go: a journal with lines (an interrupted run's work) stays."""
-    from r3rag.artifacts import ArtifactWriter
+    from r3rag.core.artifacts import ArtifactWriter
 
     w = ArtifactWriter("synthesize", "x", {"a": 1}, {}, env.runs)
     journal = w.final.parent / f".journal-{w.id}.jsonl"
     journal.write_text('{"id": "1"}\n')
     w.discard()
     assert journal.exists()
-
-
-@pytest.mark.parametrize(
-    "content, key, line",
-    [
-        ("name: x\nworld: {}\ncolour: red\n", "'colour'", 3),
-        ("name: x\n\n# a comment\n1: a\ncolour: red\n", "1", 4),  # mixed key types: sorted, not a TypeError
-    ],
-    ids=["word", "number"],
-)
-def test_unknown_top_level_key_names_its_line(env, content, key, line):
-    p = env.file("pipe.yaml", content)
-    check(env, ["run", p, "--runs-dir", env.runs], f"pipe.yaml:{line}: unknown top-level key {key}")
-
-
-def test_unknown_top_level_key_in_an_extended_file(env):
-    env.file("base.yaml", "name: x\nworld: {}\nstges: [world]\n")
-    p = env.file("pipe.yaml", "extends: base.yaml\nworld: {seed: 3}\n")
-    check(env, ["run", p, "--runs-dir", env.runs], "base.yaml:3: unknown top-level key 'stges'")

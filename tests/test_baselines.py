@@ -7,13 +7,13 @@ from types import SimpleNamespace
 
 import pytest
 
-from r3rag.env import EnvConfig, Generated, run_rollouts
-from r3rag.errors import UserError
-from r3rag.eval_metrics import summarize, to_prediction
+from r3rag.core.env import EnvConfig, Generated, run_rollouts
+from r3rag.core.protocol import Hit, Protocol
+from r3rag.evaluation.predictions import summarize, to_prediction
+from r3rag.evaluation.systems import SystemSpec, check_spec
 from r3rag.generation.scripted import ScriptedGenerator
-from r3rag.protocol import Hit, Protocol
 from r3rag.retrieval.bm25 import BM25Retriever
-from r3rag.systems import SystemSpec, check_spec
+from r3rag.util.errors import UserError
 
 DOCS = [
     {"id": "p1", "title": "Ava Smith", "text": "Ava Smith works for Zentro Labs ."},
@@ -189,7 +189,7 @@ def test_ircot_sentence_ended_by_eos_still_retrieves():
 
 
 def test_ircot_trims_the_ids_of_the_sentence_too():
-    from r3rag.modeling import train_word_tokenizer
+    from r3rag.training.modeling import train_word_tokenizer
 
     tok = train_word_tokenizer([d["text"] for d in DOCS] + [QUESTION, "So the answer is : Paris . Then"])
     gen = ScriptedGenerator(
@@ -222,7 +222,7 @@ def test_misspelled_choices_are_one_line_user_errors():
 
 
 def test_misspelled_template_in_an_eval_config_is_one_line(tmp_path):
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
 
     with pytest.raises(UserError) as e:
         run_stage("eval", None, ["systems=[cb]", "models.cb.model=some/model", "models.cb.template=qaa"], tmp_path)
@@ -230,8 +230,8 @@ def test_misspelled_template_in_an_eval_config_is_one_line(tmp_path):
 
 
 def test_per_system_top_k_reaches_the_rollouts(world_index_runs):
-    from r3rag.jsonl import read_jsonl
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
+    from r3rag.util.jsonl import read_jsonl
 
     ref = run_stage(
         "eval",

@@ -17,12 +17,12 @@ import numpy as np
 import pytest
 
 import r3rag.retrieval.bm25_build as bb
-from r3rag.artifacts import list_artifacts
-from r3rag.errors import UserError
-from r3rag.pipeline import run_stage
+from r3rag.core.artifacts import list_artifacts
+from r3rag.experiments.pipeline import run_stage
 from r3rag.retrieval import load_retriever
 from r3rag.retrieval.bm25 import BM25Retriever
 from r3rag.retrieval.docstore import DocStore, rows_digest, write_docstore
+from r3rag.util.errors import UserError
 
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
 
@@ -137,7 +137,7 @@ def test_index_stage_interrupted_mid_build_publishes_nothing_and_resumes(tmp_pat
     def interrupted(*args, **kwargs):
         raise KeyboardInterrupt  # as Ctrl-C between the two phases
 
-    monkeypatch.setattr(bb, "_score_all", interrupted)
+    monkeypatch.setattr(bb, "score_all", interrupted)
     with pytest.raises(KeyboardInterrupt):
         run_stage("index", None, sets, runs)
     assert list_artifacts(runs, "index") == []  # nothing published; the tokenised chunk waits for the rerun
@@ -208,18 +208,18 @@ def test_killed_build_resumes_without_redoing_chunks(tmp_path, monkeypatch):
     kept = {p.name: p.stat().st_mtime_ns for p in work.glob("c0000[01].*")}
 
     firsts = _counting_tokenizer(monkeypatch)
-    real_score = bb._score_all
+    real_score = bb.score_all
 
     def score_and_check(*args):  # the kept chunks' files, untouched when phase 2 reads them
         assert {p.name: p.stat().st_mtime_ns for p in work.glob("c0000[01].*")} == kept
         return real_score(*args)
 
-    monkeypatch.setattr(bb, "_score_all", score_and_check)
+    monkeypatch.setattr(bb, "score_all", score_and_check)
     stats = bb.build_bm25_files(_corpus(), out, chunk_docs=37, bucket_entries=500, workers=1, work_dir=work)
     assert stats == {"chunks": 17, "tokenized_chunks": 15} and firsts == list(range(74, 600, 37))
     assert not work.exists()  # removed once the index is published
 
-    monkeypatch.setattr(bb, "_score_all", real_score)
+    monkeypatch.setattr(bb, "score_all", real_score)
     straight = tmp_path / "straight"
     bb.build_bm25_files(_corpus(), straight, chunk_docs=37, bucket_entries=500, workers=1)
     assert _files(out) == _files(straight)
@@ -233,7 +233,7 @@ def _interrupted_build(docs, out: Path, monkeypatch, **kw) -> None:
         raise KeyboardInterrupt
 
     with monkeypatch.context() as m:
-        m.setattr(bb, "_score_all", interrupted)
+        m.setattr(bb, "score_all", interrupted)
         with pytest.raises(KeyboardInterrupt):
             bb.build_bm25_files(docs, out, chunk_docs=37, bucket_entries=500, workers=1, **kw)
     assert not out.exists() and (out.parent / f".{out.name}.work").is_dir()
@@ -302,7 +302,7 @@ def test_an_existing_output_folder_is_refused_before_any_work(tmp_path):
 KILLED_STAGE = r"""
 import os, signal, sys
 import r3rag.retrieval.bm25_build as bb
-from r3rag.pipeline import run_stage
+from r3rag.experiments.pipeline import run_stage
 
 runs, corpus = sys.argv[1], sys.argv[2]
 bb.CHUNK_DOCS = 50

@@ -13,13 +13,13 @@ import pytest
 import torch
 from transformers import LogitsProcessor
 
-from r3rag.env import EnvConfig, Trajectory, Turn, new_trajectory, run_rollouts
+from r3rag.core.env import EnvConfig, Trajectory, Turn, new_trajectory, run_rollouts
+from r3rag.core.protocol import Protocol
 from r3rag.generation.hf import HFGenerator
 from r3rag.generation.scripted import ScriptedGenerator
-from r3rag.grpo import rollout_batch
-from r3rag.protocol import Protocol
 from r3rag.retrieval.bm25 import BM25Retriever
-from r3rag.training import IGNORE, completion_with_eos, tokenize_trajectory
+from r3rag.rl.grpo import rollout_batch
+from r3rag.training.helpers import IGNORE, completion_with_eos, tokenize_trajectory
 
 P = Protocol(template="search-r1", doc_style="search-r1", chat=True)
 DOCS = [
@@ -205,7 +205,7 @@ def test_a_sampled_eos_is_kept_and_learned_exactly_once(stopped, smollm2):
 
 
 def test_sft_learns_the_eos_closing_the_answer(stopped):
-    from r3rag.training import tokenize_rows
+    from r3rag.training.helpers import tokenize_rows
 
     tok, trajs, _ = stopped
     ids, labels = tokenize_trajectory(trajs[0].to_json(), tok, protocol=P)
@@ -217,10 +217,10 @@ def test_sft_learns_the_eos_closing_the_answer(stopped):
 
 
 def test_chat_framing_is_the_same_in_synthesis_sft_rl_and_eval(smollm2, smollm2_runs, monkeypatch):
-    from r3rag import grpo
-    from r3rag.rewards import RewardScorer, RewardSettings
+    from r3rag.evaluation.systems import SystemSpec, load_system
+    from r3rag.rl import grpo
+    from r3rag.rl.rewards import RewardScorer, RewardSettings
     from r3rag.stages.rl import Config
-    from r3rag.systems import SystemSpec, load_system
 
     _, tok = smollm2
     q = QUESTIONS[0]
@@ -270,9 +270,9 @@ def test_chat_framing_is_the_same_in_synthesis_sft_rl_and_eval(smollm2, smollm2_
 
 
 def test_chat_without_a_chat_template_is_one_clear_error(smollm2):
-    from r3rag.errors import UserError
-    from r3rag.modeling import train_word_tokenizer
-    from r3rag.training import require_chat_template
+    from r3rag.training.helpers import require_chat_template
+    from r3rag.training.modeling import train_word_tokenizer
+    from r3rag.util.errors import UserError
 
     _, tok = smollm2
     require_chat_template(P, tok, "sft")  # has one: fine

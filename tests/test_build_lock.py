@@ -1,5 +1,5 @@
-"""Two r3rag processes on one runs dir build each artifact once (r3rag.build_lock), and
-`r3rag run --jobs N` builds an experiment's variants in N workers (r3rag.experiment_jobs)."""
+"""Two r3rag processes on one runs dir build each artifact once (r3rag.core.build_lock), and
+`r3rag run --jobs N` builds an experiment's variants in N workers (r3rag.experiments.jobs)."""
 
 import json
 import os
@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 import yaml
 
-from r3rag.build_lock import ArtifactBusy, BuildLock
-from r3rag.pipeline import run_stage
-from r3rag.run_status import status_file
+from r3rag.core.build_lock import ArtifactBusy, BuildLock
+from r3rag.experiments.pipeline import run_stage
+from r3rag.experiments.status import status_file
 from r3rag.stages.common import NotBuilt
 from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
 from tests.conftest import TINY_WORLD
@@ -26,8 +26,8 @@ WORLD = [f"{k}={v}" for k, v in TINY_WORLD.items()]
 SLOW_BUILDER = textwrap.dedent(
     """
     import sys, time
-    from r3rag import artifacts
-    from r3rag.pipeline import run_stage
+    from r3rag.core import artifacts
+    from r3rag.experiments.pipeline import run_stage
     enter = artifacts.ArtifactWriter.__enter__
     def slow_enter(self):
         print("locked", flush=True)

@@ -29,7 +29,7 @@ def test_help_is_useful(cmd):
     """`--help` shows the command's usage line, the start of its own summary and every option it takes."""
     import typer.main
 
-    from r3rag.cli import app
+    from r3rag.cli.app import app
 
     command = typer.main.get_command(app).commands[cmd]
     out = r3rag(cmd, "--help")
@@ -120,7 +120,7 @@ def test_run_dry_run_validates_and_writes_nothing(tmp_path):
 @pytest.mark.parametrize("name", ["search-r1-qwen2.5-3b.yaml", "r3rag-qwen2.5-7b.yaml"])
 def test_real_model_recipes_dry_run(name, tmp_path):
     """The GPU recipes validate end to end without their models, corpora or a GPU."""
-    from r3rag.pipeline import plan_pipeline
+    from r3rag.experiments.pipeline import plan_pipeline
 
     plan = plan_pipeline(ROOT / "pipelines" / name, [], tmp_path / "runs")
     stages = [row["stage"] for row in plan]

@@ -23,7 +23,7 @@ def test_reference_pages_are_up_to_date():
 
 
 def test_cli_reference_has_a_section_per_command():
-    from r3rag.cli import app
+    from r3rag.cli.app import app
 
     group = typer.main.get_command(app)
     names = group.list_commands(typer.Context(group, info_name="r3rag"))

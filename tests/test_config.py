@@ -2,9 +2,9 @@
 
 import pytest
 
-from r3rag.config import build_config, load_yaml, parse_overrides
-from r3rag.errors import UserError
 from r3rag.stages import rl, sft
+from r3rag.util.config import build_config, load_yaml, parse_overrides
+from r3rag.util.errors import UserError
 
 
 def test_overrides_are_parsed_as_yaml():
@@ -33,7 +33,7 @@ def test_yaml_errors_have_file_and_line(tmp_path):
 
 
 def test_pipeline_overrides_must_name_a_stage(tmp_path):
-    from r3rag.pipeline import run_pipeline
+    from r3rag.experiments.pipeline import run_pipeline
 
     p = tmp_path / "p.yaml"
     p.write_text("name: x\nworld:\n  seed: 1\n")
@@ -46,7 +46,7 @@ def test_pipeline_overrides_must_name_a_stage(tmp_path):
 
 
 def test_a_pipeline_extends_another_and_changes_some_settings(tmp_path):
-    from r3rag.pipeline import _load_pipeline, plan_pipeline
+    from r3rag.experiments.pipeline import _load_pipeline, plan_pipeline
 
     (tmp_path / "base.yaml").write_text(
         "name: b\nstages: [world, index]\nworld: {seed: 1, n_clusters: 4}\nindex: {name: bm25}\n"
@@ -69,7 +69,7 @@ def test_a_pipeline_extends_another_and_changes_some_settings(tmp_path):
     ],
 )
 def test_bad_extends_fail_with_one_line(tmp_path, text, needle):
-    from r3rag.pipeline import _load_pipeline
+    from r3rag.experiments.pipeline import _load_pipeline
 
     p = tmp_path / "p.yaml"
     p.write_text(text)

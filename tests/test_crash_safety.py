@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from r3rag.artifacts import ArtifactWriter, list_artifacts, resolve
+from r3rag.core.artifacts import ArtifactWriter, list_artifacts, resolve
 from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
 from tests.conftest import TINY_WORLD, build_teacher_data
 
@@ -51,7 +51,7 @@ def entries(runs: Path, stage: str) -> list[str]:
 CHILD = r"""
 import os, signal, sys
 from pathlib import Path
-import r3rag.artifacts as a
+import r3rag.core.artifacts as a
 
 runs, kill_at = Path(sys.argv[1]), int(sys.argv[2])
 calls = {"n": 0}

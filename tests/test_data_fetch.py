@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from r3rag.errors import UserError
+from r3rag.util.errors import UserError
 from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
 from tests.hub_server import HubServer
 
@@ -149,7 +149,7 @@ def fetch(names, root, manifest, **kw):
 
 def test_full_fetch_writes_what_world_files_reads(hub, tmp_path):
     from r3rag.data.real import RealFiles, load_real
-    from r3rag.jsonl import read_jsonl
+    from r3rag.util.jsonl import read_jsonl
 
     manifest, root = write_manifest(tmp_path / "m.json"), tmp_path / "data"
     assert fetch([], root, manifest) == root  # the default set
@@ -349,7 +349,7 @@ def test_downloads_show_progress_in_a_log(hub, tmp_path, monkeypatch):
     """Off a terminal (a log file) each download and conversion ends with a line: what, how much, how fast."""
     from rich.console import Console
 
-    from r3rag import progress
+    from r3rag.util import progress
 
     monkeypatch.setattr(progress, "LINE_SECONDS", 0.0)
     log = io.StringIO()

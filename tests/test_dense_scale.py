@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-from r3rag.artifacts import list_artifacts
-from r3rag.errors import UserError
-from r3rag.jsonl import read_jsonl, write_jsonl
-from r3rag.pipeline import run_stage
+from r3rag.core.artifacts import list_artifacts
+from r3rag.experiments.pipeline import run_stage
 from r3rag.retrieval import encode, faiss_index, load_retriever
 from r3rag.retrieval.dense import DenseRetriever, Encoder
 from r3rag.retrieval.faiss_index import IndexSpec
+from r3rag.util.errors import UserError
+from r3rag.util.jsonl import read_jsonl, write_jsonl
 
 WORDS = "river castle engine violin harbor orchard glacier lantern meadow falcon copper saddle".split()
 
@@ -289,7 +289,7 @@ KILLED_STAGE = (
     DIE_AFTER_TWO_SHARDS
     + r"""
 import sys
-from r3rag.pipeline import run_stage
+from r3rag.experiments.pipeline import run_stage
 
 runs, corpus = sys.argv[1], sys.argv[2]
 run_stage("index", None, ["backend=dense", "index_type=ivf-pq", "refine_k=4", "chunk_size=40", "world=",

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from r3rag.pipeline import run_stage
+from r3rag.experiments.pipeline import run_stage
 from tests.conftest import TINY_WORLD, build_teacher_data
 
 SFT = ["layers=1", "hidden=32", "heads=2", "intermediate=64", "epochs=1", "batch_size=16", "lr=1e-2", "bf16=false"]

@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 from r3rag.data.corpus import load_corpus
-from r3rag.errors import UserError
 from r3rag.retrieval.docstore import DocStore, import_corpus, write_docstore
+from r3rag.util.errors import UserError
 
 ROWS = [
     {"id": 0, "contents": '"Evan Morris"\nEvan Morris was a lobbyist.'},

@@ -2,11 +2,11 @@
 
 import pytest
 
-from r3rag.env import EnvConfig, run_rollouts
+from r3rag.core.env import EnvConfig, run_rollouts
+from r3rag.core.protocol import Hit, Protocol
+from r3rag.evaluation.judge import AnswerJudge, JudgeError, parse_verdict
 from r3rag.generation.openai_chat import ChatGenerator, EndpointError
-from r3rag.judge import AnswerJudge, JudgeError, parse_verdict
-from r3rag.llm.openai_client import ChatClient
-from r3rag.protocol import Hit, Protocol
+from r3rag.generation.openai_client import ChatClient
 from tests.chat_server import ChatServer, first_n, last_user_text
 
 

@@ -2,12 +2,12 @@
 
 import torch
 
-from r3rag.env import EnvConfig, run_rollouts
+from r3rag.core.env import EnvConfig, run_rollouts
+from r3rag.core.protocol import Protocol
 from r3rag.generation.hf import _StopOnStrings
 from r3rag.generation.scripted import ScriptedGenerator
-from r3rag.modeling import train_word_tokenizer
-from r3rag.protocol import Protocol
 from r3rag.retrieval.bm25 import BM25Retriever
+from r3rag.training.modeling import train_word_tokenizer
 
 DOCS = [
     {"id": "p1", "title": "Ava Smith", "text": "Ava Smith works for Zentro Labs ."},
@@ -93,11 +93,11 @@ def test_direct_and_rag_modes_force_an_answer():
 def test_reusing_the_kv_cache_between_turns_gives_the_same_rollouts(pipeline_runs):
     """The generator keeps each trajectory's cache between turns; every turn equals a full re-encode.
     Turns are driven by hand (model turn, then documents of varying length) so each continues a cache."""
-    from r3rag.env import Turn, add_env_turn, new_trajectory
+    from r3rag.core.env import Turn, add_env_turn, new_trajectory
+    from r3rag.core.protocol import Protocol
     from r3rag.generation.hf import HFGenerator
-    from r3rag.jsonl import read_jsonl
-    from r3rag.modeling import load_policy
-    from r3rag.protocol import Protocol
+    from r3rag.training.modeling import load_policy
+    from r3rag.util.jsonl import read_jsonl
 
     _, refs = pipeline_runs
     model, tok = load_policy(refs["sft"].path)
@@ -133,9 +133,9 @@ def test_static_cache_padding_rows_stop_from_their_first_token():
 
 
 def test_logits_processors_steer_every_step_of_the_hf_generator():
-    from r3rag.env import new_trajectory
+    from r3rag.core.env import new_trajectory
     from r3rag.generation.hf import HFGenerator
-    from r3rag.modeling import tiny_model
+    from r3rag.training.modeling import tiny_model
 
     tok = train_word_tokenizer([d["text"] for d in DOCS] + ["Where is it ? Question :"])
     script = tok.convert_tokens_to_ids(["<answer>", "Velmar", "</answer>"])

@@ -6,8 +6,8 @@ import json
 
 import pytest
 
-from r3rag.jsonl import read_jsonl
-from r3rag.metrics import exact_match, f1_score
+from r3rag.core.metrics import exact_match, f1_score
+from r3rag.util.jsonl import read_jsonl
 from tests.cli_helpers import assert_one_line_error, r3rag, r3rag_inprocess
 
 

@@ -1,4 +1,4 @@
-"""A killed `r3rag eval` resumes from its journal (r3rag.eval_resume): only the chunks left are
+"""A killed `r3rag eval` resumes from its journal (r3rag.evaluation.resume): only the chunks left are
 generated, and the predictions are a straight run's, sampled draws included."""
 
 import json
@@ -6,8 +6,8 @@ import json
 import pytest
 
 import r3rag.stages.eval as eval_stage
-from r3rag.jsonl import read_jsonl
-from r3rag.pipeline import run_stage
+from r3rag.experiments.pipeline import run_stage
+from r3rag.util.jsonl import read_jsonl
 
 # 10 questions in chunks of 4 (batch_size 1 x 4): 0:4, 4:8, 8:10; two sampled draws each
 SETTINGS = [

@@ -3,9 +3,9 @@ policy, an LLM judge, sampling with several draws; and chat-template prompts."""
 
 import json
 
-from r3rag.jsonl import read_jsonl
-from r3rag.pipeline import run_stage
-from r3rag.protocol import Protocol
+from r3rag.core.protocol import Protocol
+from r3rag.experiments.pipeline import run_stage
+from r3rag.util.jsonl import read_jsonl
 from tests.chat_server import ChatServer
 
 COMMON = ["limit=6", "max_turns=3", "max_new_tokens=16", "rl="]

@@ -1,7 +1,7 @@
 """The eval's tables: scores per data set and paired comparisons between systems."""
 
-from r3rag.eval_tables import comparison_table, dataset_table, paired_comparisons
-from r3rag.metrics import paired_bootstrap_diff
+from r3rag.core.metrics import paired_bootstrap_diff
+from r3rag.evaluation.tables import comparison_table, dataset_table, paired_comparisons
 
 
 def test_paired_comparisons_use_the_shared_paired_bootstrap():

@@ -54,7 +54,7 @@ def _experiment(tmp_path, **changes) -> Path:
 
 
 def test_experiment_shares_artifacts_fills_placeholders_and_writes_the_table(tmp_path):
-    from r3rag.experiment import run_file
+    from r3rag.experiments.run import run_file
 
     runs = tmp_path / "runs"
     ref = run_file(_experiment(tmp_path), ["rl.seed=3"], runs)
@@ -114,7 +114,7 @@ def test_replicate_pipeline_dry_run_plans_every_variant(tmp_path):
     for seed in (0, 1, 2):  # three seeds of GRPO and of both matched controls, each from its own cold start
         assert f"main#s{seed}: rl" in out.stdout and f"rft#s{seed}: synthesize" in out.stdout
     assert "max_steps=200" in out.stdout and "keep=all" in out.stdout
-    from r3rag.experiment import plan_file
+    from r3rag.experiments.run import plan_file
 
     plan = {row["stage"]: row for row in plan_file(ROOT / "pipelines" / "replicate.yaml", [], tmp_path / "runs")}
     for seed in (0, 1, 2):
@@ -127,7 +127,7 @@ def test_replicate_pipeline_dry_run_plans_every_variant(tmp_path):
 def test_replicate_ablations_dry_run_keeps_the_replication_settings_at_200_steps(tmp_path):
     """replicate-ablations.yaml extends replicate.yaml: the same world, seeds, cold start and GRPO
     (so it reuses their artifacts), each ablation at the main run's 200 steps."""
-    from r3rag.pipeline import _load_pipeline
+    from r3rag.experiments.pipeline import _load_pipeline
 
     base = _load_pipeline(ROOT / "pipelines" / "replicate.yaml")
     ablations = _load_pipeline(ROOT / "pipelines" / "replicate-ablations.yaml")
@@ -150,7 +150,7 @@ def test_train_minutes_follow_a_model_another_variant_trained(tmp_path):
     """`rl.model=${lora.base}/model`: the RL row's training time includes the base LM it started from."""
     from types import SimpleNamespace
 
-    from r3rag.results_table import train_seconds
+    from r3rag.experiments.results_table import train_seconds
 
     base = tmp_path / "runs" / "base" / "b-1"
     (base / "model").mkdir(parents=True)
@@ -173,7 +173,7 @@ def test_train_minutes_count_samples_drawn_from_a_policy_not_a_teachers():
     """Rejection sampling's samples (synthesize.teacher=hf) are part of that control's training."""
     from types import SimpleNamespace
 
-    from r3rag.results_table import train_seconds
+    from r3rag.experiments.results_table import train_seconds
 
     sft = SimpleNamespace(manifest={"id": "s-1", "seconds": 800.0, "config": {"model": "tiny"}})
 
@@ -188,7 +188,7 @@ def test_train_minutes_count_samples_drawn_from_a_policy_not_a_teachers():
 def test_a_seeded_experiment_trains_each_seed_and_reports_mean_and_sd(tmp_path):
     """`seeds:` runs the cold start once per seed (its world, index and teacher data shared) and
     the table row is over seeds."""
-    from r3rag.experiment import run_file
+    from r3rag.experiments.run import run_file
 
     runs = tmp_path / "runs"
     path = _experiment(
@@ -227,7 +227,7 @@ def test_an_rl_run_resumed_before_its_legs_were_timed_adds_an_estimate_of_them(t
     leg only: its row adds the median logged step time x the steps before the resume."""
     from types import SimpleNamespace
 
-    from r3rag.results_table import train_seconds
+    from r3rag.experiments.results_table import train_seconds
 
     (tmp_path / "metrics.jsonl").write_text(
         "".join(json.dumps({"step": s, "time/step": t}) + "\n" for s, t in [(2, 3.0), (4, 900.0), (6, 5.0), (8, 4.0)])

@@ -1,4 +1,4 @@
-"""Seeds in an experiment (r3rag.experiment_seeds): each seeded variant runs once per seed, its
+"""Seeds in an experiment (r3rag.experiments.seeds): each seeded variant runs once per seed, its
 references stay within the seed, table rows become seed rows, and bad `seeds` sections are one
 clear error."""
 
@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-from r3rag.errors import UserError
-from r3rag.experiment import parse_variants
-from r3rag.experiment_seeds import expand_seeds
+from r3rag.experiments.experiment import parse_variants
+from r3rag.experiments.seeds import expand_seeds
+from r3rag.util.errors import UserError
 
 PATH = Path("exp.yaml")
 

@@ -46,7 +46,7 @@ sys.meta_path[:] = [_Without(f) if f is importlib.machinery.PathFinder else f fo
 RUN_CLI = """
 import json, traceback
 from typer.testing import CliRunner
-from r3rag.cli import app
+from r3rag.cli.app import app
 
 for args in json.loads(sys.argv[1]):
     result = CliRunner().invoke(app, args)
@@ -80,7 +80,7 @@ def test_the_blocker_really_blocks():
         "        importlib.import_module(m)\n"
         "    except ModuleNotFoundError:\n"
         "        print('blocked', m)\n"
-        "from r3rag.extras import installed\n"
+        "from r3rag.util.extras import installed\n"
         f"print('installed', [m for m in {BLOCKED!r} if installed(m)])\n"
     )
     assert out.returncode == 0, out.stderr
@@ -89,13 +89,13 @@ def test_the_blocker_really_blocks():
 
 
 def test_help_works_without_any_extra(tmp_path):
-    out = _python("from r3rag.cli import main\nsys.argv = ['r3rag', '--help']\nmain()\n", cwd=tmp_path)
+    out = _python("from r3rag.cli.app import main\nsys.argv = ['r3rag', '--help']\nmain()\n", cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-3000:]
     for command in ("world", "index", "rl", "eval", "report", "serve-retriever", "import-model"):
         assert command in out.stdout
     # every subcommand's help, and the modules behind the optional features, import without extras
     names = _python(
-        "import typer.main\nfrom r3rag.cli import app\nprint(' '.join(typer.main.get_command(app).commands))\n"
+        "import typer.main\nfrom r3rag.cli.app import app\nprint(' '.join(typer.main.get_command(app).commands))\n"
     ).stdout.split()
     assert "serve-retriever" in names and "index" in names
     for result in _cli([[name, "--help"] for name in names], tmp_path):
@@ -105,10 +105,10 @@ def test_help_works_without_any_extra(tmp_path):
         "r3rag.retrieval.dense",
         "r3rag.retrieval.hybrid",
         "r3rag.retrieval.rank_bm25_backend",
-        "r3rag.report",
-        "r3rag.results_table",
-        "r3rag.observe",
-        "r3rag.model_import",
+        "r3rag.evaluation.report",
+        "r3rag.experiments.results_table",
+        "r3rag.training.observe",
+        "r3rag.training.model_import",
         "r3rag.generation.vllm",
         "r3rag.stages.report",
     )
@@ -119,7 +119,7 @@ def test_help_works_without_any_extra(tmp_path):
 @pytest.fixture(scope="module")
 def runs_with_an_eval(world_index_runs):
     """The world and its BM25 index, plus an eval of the scripted top-title system (no model)."""
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
 
     run_stage(
         "eval",
@@ -175,9 +175,9 @@ def test_by_product_plots_are_skipped_with_a_note_and_vllm_names_its_extra(tmp_p
     metrics.write_text('{"step": 1, "reward": 0.5}\n')
     out = _python(
         "from pathlib import Path\n"
-        "from r3rag.errors import UserError\n"
-        "from r3rag.observe import plot_rewards\n"
-        "from r3rag.results_table import plot\n"
+        "from r3rag.util.errors import UserError\n"
+        "from r3rag.training.observe import plot_rewards\n"
+        "from r3rag.experiments.results_table import plot\n"
         "from r3rag.generation.vllm import require_vllm\n"
         f"plot_rewards(Path({str(metrics)!r}), Path({str(tmp_path / 'curves.png')!r}))\n"
         f"plot([{{'em': 0.5, 'em_ci': None, 'label': 'x'}}], Path({str(tmp_path / 'table.png')!r}))\n"
@@ -202,7 +202,7 @@ def test_by_product_plots_are_skipped_with_a_note_and_vllm_names_its_extra(tmp_p
 def test_with_the_extras_installed_the_same_calls_write_their_outputs(tmp_path):
     """The other side: where matplotlib is installed (the dev install) the plot is written."""
     pytest.importorskip("matplotlib")
-    from r3rag.observe import plot_rewards
+    from r3rag.training.observe import plot_rewards
 
     metrics = tmp_path / "metrics.jsonl"
     metrics.write_text('{"step": 1, "reward": 0.5}\n')

@@ -13,8 +13,8 @@ import time
 import httpx
 import pytest
 
-from r3rag.artifacts import list_artifacts
-from r3rag.pipeline import run_stage
+from r3rag.core.artifacts import list_artifacts
+from r3rag.experiments.pipeline import run_stage
 from r3rag.retrieval import load_retriever
 from r3rag.retrieval.server import make_app, running
 from tests.cli_helpers import assert_one_line_error, r3rag_inprocess

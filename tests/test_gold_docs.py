@@ -1,18 +1,18 @@
-"""One gold-document rule (r3rag.gold_docs) for its four callers: the gold relevance reward, eval's
+"""One gold-document rule (r3rag.core.gold_docs) for its four callers: the gold relevance reward, eval's
 gold-document recall, the gold reader's retriever and the oracle teacher. Each case below is one
 where they used to disagree (titles compared four ways; ids and titles mixed by one caller only)."""
 
 import pytest
 
+from r3rag.core.env import EnvConfig, Trajectory, run_rollouts
+from r3rag.core.gold_docs import gold_docs, require_gold_docs, title_key
+from r3rag.core.protocol import Protocol
 from r3rag.data.gold import GoldRetriever
-from r3rag.env import EnvConfig, Trajectory, run_rollouts
-from r3rag.errors import UserError
-from r3rag.eval_metrics import gold_recall, to_prediction
-from r3rag.gold_docs import gold_docs, require_gold_docs, title_key
-from r3rag.protocol import Protocol
-from r3rag.relevance import gold_relevance
+from r3rag.evaluation.predictions import gold_recall, to_prediction
 from r3rag.retrieval.bm25 import BM25Retriever
-from r3rag.teachers import gold_kind, oracle_generator, verify, verify_evidence
+from r3rag.rl.relevance import gold_relevance
+from r3rag.synthesis.teachers import gold_kind, oracle_generator, verify, verify_evidence
+from r3rag.util.errors import UserError
 
 CORPUS = [
     {"id": "d1", "title": "gare du nord", "text": "Gare du Nord is a railway station in Paris ."},

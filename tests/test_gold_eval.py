@@ -1,10 +1,10 @@
-from r3rag.jsonl import read_jsonl
-from r3rag.pipeline import run_stage
+from r3rag.experiments.pipeline import run_stage
+from r3rag.util.jsonl import read_jsonl
 from tests.test_readers import TINY_SFT, _reader_data, runs  # noqa: F401
 
 
 def test_gold_reader_evaluates_with_its_gold_documents(runs):
-    from r3rag.artifacts import resolve
+    from r3rag.core.artifacts import resolve
 
     data = _reader_data(runs, "gold")
     sft = run_stage("sft", None, TINY_SFT + [f"data={data.path}", "name=gold"], runs)

@@ -6,7 +6,7 @@ import pytest
 
 from r3rag.data.corpus import load_corpus
 from r3rag.data.importers import corpus_from_questions, detect_format, import_questions
-from r3rag.errors import UserError
+from r3rag.util.errors import UserError
 from tests.cli_helpers import assert_one_line_error, r3rag, r3rag_inprocess
 
 HOTPOT = [

@@ -2,8 +2,8 @@
 
 import pytest
 
-from r3rag.errors import UserError
-from r3rag.journal import Journal
+from r3rag.util.errors import UserError
+from r3rag.util.journal import Journal
 
 
 def test_reopen_resumes_and_drops_a_torn_last_line(tmp_path):
@@ -37,7 +37,7 @@ def test_a_duplicated_id_in_the_file_is_an_error(tmp_path):
 def test_appends_reach_the_os_at_once_and_the_disk_within_a_second(tmp_path, monkeypatch):
     """A killed process loses nothing appended (the line is in the OS before append returns); the
     fsync that guards against a power cut runs once a second and on close, not once per item."""
-    import r3rag.journal as journal
+    import r3rag.util.journal as journal
 
     syncs, now = [], [0.0]
     monkeypatch.setattr(journal.os, "fsync", lambda fd: syncs.append(fd))

@@ -4,10 +4,10 @@ updates (`sft.model` = a policy, `sft.max_steps`), and rejection-sampling fine-t
 
 import pytest
 
-from r3rag.config import hashed_settings
-from r3rag.jsonl import read_jsonl
-from r3rag.pipeline import run_stage
-from r3rag.protocol import Protocol
+from r3rag.core.protocol import Protocol
+from r3rag.experiments.pipeline import run_stage
+from r3rag.util.config import hashed_settings
+from r3rag.util.jsonl import read_jsonl
 from tests.chat_server import ChatServer
 from tests.conftest import build_teacher_data
 from tests.world_teacher import WorldTeacher, question_of
@@ -36,8 +36,8 @@ def test_more_sft_starts_from_the_given_policy_and_runs_exactly_max_steps(runs, 
     pass: the data is cycled): the trainer starts from the policy's weights and tokenizer and moves them."""
     import torch
 
-    from r3rag.modeling import load_policy
     from r3rag.stages import sft
+    from r3rag.training.modeling import load_policy
 
     cold = run_stage("sft", None, [*TINY_SFT, "batch_size=16", "limit=32", "name=cold"], runs)
     seen = {}
@@ -71,8 +71,8 @@ def test_more_sft_starts_from_the_given_policy_and_runs_exactly_max_steps(runs, 
 
 
 def test_negative_max_steps_is_one_clear_error():
-    from r3rag.errors import UserError
     from r3rag.stages import sft
+    from r3rag.util.errors import UserError
 
     with pytest.raises(UserError, match="sft.max_steps"):
         sft.validate(sft.Config(max_steps=-1))
@@ -88,7 +88,7 @@ class ScriptedTeacherGenerator:
         self.questions, self.script, self.round, self.protocol = questions, script, round_no, protocol
 
     def generate(self, contexts, stop, max_new_tokens):
-        from r3rag.env import Generated
+        from r3rag.core.env import Generated
 
         by_text = {q["question"]: q for q in self.questions}
         outs = []
@@ -99,7 +99,7 @@ class ScriptedTeacherGenerator:
 
 
 def scripted_teacher(questions, script, protocol, temperatures):
-    from r3rag.teachers import Teacher
+    from r3rag.synthesis.teachers import Teacher
 
     def generator(qs, temperature):
         temperatures.append(temperature)
@@ -109,10 +109,10 @@ def scripted_teacher(questions, script, protocol, temperatures):
 
 
 def test_keep_all_keeps_every_distinct_correct_sample_and_drops_wrong_ones(runs):
-    from r3rag.artifacts import resolve
+    from r3rag.core.artifacts import resolve
     from r3rag.retrieval import open_retriever
     from r3rag.stages.synthesize import Config
-    from r3rag.synthesis import attempt_loop, summarize_rows, trajectory_rows
+    from r3rag.synthesis.attempts import attempt_loop, summarize_rows, trajectory_rows
 
     qs = read_jsonl(resolve("world:latest", "world", runs).path / "train.jsonl")[:3]
     a, b, c = (q["id"] for q in qs)
@@ -143,10 +143,10 @@ def test_keep_all_keeps_every_distinct_correct_sample_and_drops_wrong_ones(runs)
 
 
 def test_keep_first_is_unchanged_greedy_first_and_stops_at_the_first_correct(runs):
-    from r3rag.artifacts import resolve
+    from r3rag.core.artifacts import resolve
     from r3rag.retrieval import open_retriever
     from r3rag.stages.synthesize import Config
-    from r3rag.synthesis import attempt_loop, summarize_rows, trajectory_rows
+    from r3rag.synthesis.attempts import attempt_loop, summarize_rows, trajectory_rows
 
     qs = read_jsonl(resolve("world:latest", "world", runs).path / "train.jsonl")[:2]
     a, b = (q["id"] for q in qs)
@@ -167,8 +167,8 @@ def test_keep_first_is_unchanged_greedy_first_and_stops_at_the_first_correct(run
 def test_synthesize_keep_all_writes_one_row_per_kept_sample(runs, monkeypatch):
     """Through the stage (an openai teacher on 127.0.0.1): ids `<qid>#<k>`, the rows `r3rag sft` reads,
     duplicates counted; a question the teacher always gets wrong goes to rejected.jsonl with every attempt."""
-    from r3rag.artifacts import resolve
-    from r3rag.env import Trajectory
+    from r3rag.core.artifacts import resolve
+    from r3rag.core.env import Trajectory
 
     monkeypatch.setenv("R3RAG_TEST_KEY", "sk-test")
     qs = read_jsonl(resolve("world:latest", "world", runs).path / "train.jsonl")[:4]
@@ -212,8 +212,8 @@ def test_synthesize_keep_all_writes_one_row_per_kept_sample(runs, monkeypatch):
 def test_keep_all_resumes_from_its_journal_after_a_failed_run(runs, monkeypatch):
     """One row per question in the journal (its samples inside): a run that stops in the second batch
     resumes from the first, and the artifact is what one straight run writes."""
-    from r3rag.artifacts import resolve
-    from r3rag.errors import UserError
+    from r3rag.core.artifacts import resolve
+    from r3rag.util.errors import UserError
 
     monkeypatch.setenv("R3RAG_TEST_KEY", "sk-test")
     qs = read_jsonl(resolve("world:latest", "world", runs).path / "train.jsonl")[:4]
@@ -235,7 +235,7 @@ def test_keep_all_resumes_from_its_journal_after_a_failed_run(runs, monkeypatch)
 
 
 def test_keep_all_needs_a_sampling_teacher(runs):
-    from r3rag.errors import UserError
+    from r3rag.util.errors import UserError
 
     with pytest.raises(UserError, match="keep=all"):
         run_stage("synthesize", None, ["keep=all", "name=oracle-all"], runs)

@@ -2,7 +2,7 @@
 
 import pytest
 
-from r3rag.metrics import cover_match, exact_match, f1_score, normalize_answer
+from r3rag.core.metrics import cover_match, exact_match, f1_score, normalize_answer
 
 
 def test_normalisation():
@@ -30,7 +30,7 @@ def test_cover_match_is_token_bounded():
 
 
 def test_bootstrap_ci_brackets_the_mean_and_narrows_with_n():
-    from r3rag.metrics import bootstrap_ci
+    from r3rag.core.metrics import bootstrap_ci
 
     small = [1.0, 0.0] * 10
     big = [1.0, 0.0] * 500

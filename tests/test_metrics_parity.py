@@ -8,7 +8,7 @@ from collections import Counter
 
 import pytest
 
-from r3rag.metrics import exact_match, f1, f1_score
+from r3rag.core.metrics import exact_match, f1, f1_score
 
 
 # --- the official definition (SQuAD normalisation; yes/no/noanswer only match themselves) ---

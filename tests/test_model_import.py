@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from r3rag.errors import UserError
+from r3rag.util.errors import UserError
 from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
 
 
@@ -46,7 +46,7 @@ def test_model_ref_resolves_and_is_hashed_by_content(smollm2_runs):
 
 
 def test_reimport_is_reused(smollm2_runs):
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
 
     runs, ref = smollm2_runs
     assert run_stage("model", None, [], runs).path == ref.path  # same source content: no second import
@@ -87,13 +87,13 @@ def test_gguf_of_an_architecture_transformers_cannot_load(tmp_path):
     writer.write_tensors_to_file()
     writer.close()
     with pytest.raises(UserError, match="rwkv6"):
-        from r3rag.model_import import load_gguf
+        from r3rag.training.model_import import load_gguf
 
         load_gguf(path)
 
 
 def test_real_world_from_shared_files(shared_root, tmp_path):
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
 
     ref = run_stage(
         "world",
@@ -114,7 +114,7 @@ def test_real_world_from_shared_files(shared_root, tmp_path):
 
 
 def test_real_world_drops_training_questions_that_are_evaluated(shared_root, tmp_path):
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
 
     same = "hotpotqa/dev_hoprag_examples.jsonl"
     ref = run_stage("world", None, ["source=files", f"train=[{same}]", f"test=[{same}]"], tmp_path)
@@ -133,7 +133,7 @@ def test_real_dev_split_is_the_test_files_next_questions(shared_root, tmp_path):
     """The same file as dev and test, dev with a larger limit: dev is the questions after test's,
     none shared with it; training drops both."""
     from r3rag.data.importers import import_questions
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
 
     hotpot = "hotpotqa/dev_distractor_ircot_subsample.jsonl"
     sets = ["source=files", f"train=[{hotpot}]", f"dev=[{hotpot}]", f"test=[{hotpot}]", "limits={test: 6, dev: 10}"]

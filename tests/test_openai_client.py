@@ -7,8 +7,8 @@ import time
 
 import pytest
 
-from r3rag.errors import UserError
-from r3rag.llm.openai_client import ChatClient
+from r3rag.generation.openai_client import ChatClient
+from r3rag.util.errors import UserError
 from tests.chat_server import ChatServer, first_n, last_user_text
 
 MSG = [{"role": "user", "content": "say hi"}]

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 import torch
 
-from r3rag.artifacts import list_artifacts
-from r3rag.errors import UserError
-from r3rag.pipeline import run_stage
+from r3rag.core.artifacts import list_artifacts
+from r3rag.experiments.pipeline import run_stage
 from r3rag.retrieval import load_retriever
 from r3rag.retrieval.dense import resolve_encoder
 from r3rag.retrieval.prebuilt import open_prebuilt
+from r3rag.util.errors import UserError
 from tests.test_retrieval import TOPICS
 
 faiss = pytest.importorskip("faiss")

@@ -1,4 +1,4 @@
-"""Long work shows progress on a terminal and in a log file alike (r3rag.progress).
+"""Long work shows progress on a terminal and in a log file alike (r3rag.util.progress).
 
 - Off a terminal (stderr into a log file, CI), a loop prints plain lines with n/N, a rate and an
   ETA, at most every LINE_SECONDS, and a closing one when it took that long; work a resumed run
@@ -14,10 +14,10 @@ import re
 import pytest
 from rich.console import Console
 
-import r3rag.progress
-import r3rag.quiet
-from r3rag.pipeline import run_stage
-from r3rag.progress import Progress
+import r3rag.util.progress
+import r3rag.util.quiet
+from r3rag.experiments.pipeline import run_stage
+from r3rag.util.progress import Progress
 
 # `eval: tt 4/12 questions, 290 questions/s, ETA 0 s` (or `..., 3.4 s/question, ...`)
 RATE = r"[\d.]+ (\w+/s|s/\w+)"
@@ -39,14 +39,14 @@ def end_re(description: str, total: int | str, unit: str) -> re.Pattern:
 @pytest.fixture
 def clock(monkeypatch):
     now = [0.0]
-    monkeypatch.setattr(r3rag.progress, "monotonic", lambda: now[0])
+    monkeypatch.setattr(r3rag.util.progress, "monotonic", lambda: now[0])
     return now
 
 
 @pytest.fixture
 def log_lines(monkeypatch):
     """Every progress line, however short the loop; stderr read as a log file would be."""
-    monkeypatch.setattr(r3rag.progress, "LINE_SECONDS", 0.0)
+    monkeypatch.setattr(r3rag.util.progress, "LINE_SECONDS", 0.0)
     for var in ("FORCE_COLOR", "TTY_COMPATIBLE"):  # the CI's own settings would make stderr a terminal
         monkeypatch.delenv(var, raising=False)
 
@@ -139,7 +139,9 @@ def test_synthesize_into_a_log_prints_lines(teacher_runs, log_lines, capsys):
 
 
 def test_sft_into_a_log_extends_its_step_lines_with_rate_and_eta(teacher_runs, log_lines, monkeypatch, capsys):
-    monkeypatch.setattr(r3rag.quiet, "_verbose", False)  # as the CLI has it: r3rag's step lines, not the Trainer's bar
+    monkeypatch.setattr(
+        r3rag.util.quiet, "_verbose", False
+    )  # as the CLI has it: r3rag's step lines, not the Trainer's bar
     settings = ["layers=1", "hidden=32", "heads=2", "intermediate=64", "max_steps=3", "batch_size=4", "bf16=false"]
     run_stage("sft", None, [*settings, "name=progress"], teacher_runs)
     lines = [line for line in capsys.readouterr().err.splitlines() if line.startswith("sft: step ")]

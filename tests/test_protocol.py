@@ -1,6 +1,6 @@
 """The text protocol: parsing model turns and rendering documents."""
 
-from r3rag.protocol import Hit, Protocol
+from r3rag.core.protocol import Hit, Protocol
 
 P = Protocol()
 
@@ -90,7 +90,7 @@ def test_close_turn_puts_back_what_an_api_cut():
 
 
 def test_teacher_messages_for_both_protocols():
-    from r3rag.env import Trajectory, Turn
+    from r3rag.core.env import Trajectory, Turn
 
     t = Trajectory(
         "1",

@@ -4,8 +4,8 @@ import json
 
 import pytest
 
-from r3rag.errors import UserError
 from r3rag.stages.common import file_input, load_questions
+from r3rag.util.errors import UserError
 
 GOOD = {"id": 7, "question": "Who?", "golden_answers": ["Ava"], "metadata": {"dataset": "x"}}
 

@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from r3rag.quiet import LIBRARY_ENV
+from r3rag.util.quiet import LIBRARY_ENV
 from tests.conftest import build_teacher_data
 
 # What the libraries print on their own: transformers' weight bars, datasets' map bars
@@ -51,13 +51,13 @@ print(json.dumps([logging.is_progress_bar_enabled(), datasets.is_progress_bar_en
 @pytest.mark.parametrize("before", [False, True], ids=["imported-after", "imported-before"])
 def test_configure_quiet_silences_the_libraries(before):
     first = "import transformers, datasets\n" if before else ""
-    out = run_python(f"{first}from r3rag import quiet\nquiet.configure(verbose=False)\n{STATE}")
+    out = run_python(f"{first}from r3rag.util import quiet\nquiet.configure(verbose=False)\n{STATE}")
     assert out.stdout.strip().splitlines()[-1] == "[false, false, true]"
     assert "FutureWarning" not in out.stderr and "log warning" not in out.stderr
 
 
 def test_configure_verbose_leaves_the_libraries_alone():
-    out = run_python(f"from r3rag import quiet\nquiet.configure(verbose=True)\n{STATE}")
+    out = run_python(f"from r3rag.util import quiet\nquiet.configure(verbose=True)\n{STATE}")
     assert out.stdout.strip().splitlines()[-1] == "[true, true, false]"
     assert "FutureWarning" in out.stderr and "log warning" in out.stderr
 
@@ -66,11 +66,11 @@ def test_step_progress_prints_a_line_per_tenth_off_a_terminal(monkeypatch):
     from rich.console import Console
     from transformers import TrainerControl, TrainerState
 
-    import r3rag.progress
-    from r3rag.observe import StepProgress
+    import r3rag.util.progress
+    from r3rag.training.observe import StepProgress
 
     clock = [0.0]
-    monkeypatch.setattr(r3rag.progress, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(r3rag.util.progress, "monotonic", lambda: clock[0])
     stream = io.StringIO()
     progress = StepProgress("sft", Console(file=stream, force_terminal=False, width=200))
     state, control = TrainerState(max_steps=20), TrainerControl()
@@ -99,11 +99,11 @@ def test_step_progress_prints_a_line_a_step_once_30_s_have_passed(monkeypatch):
     from rich.console import Console
     from transformers import TrainerControl, TrainerState
 
-    import r3rag.progress
-    from r3rag.observe import StepProgress
+    import r3rag.util.progress
+    from r3rag.training.observe import StepProgress
 
     clock = [0.0]
-    monkeypatch.setattr(r3rag.progress, "monotonic", lambda: clock[0])
+    monkeypatch.setattr(r3rag.util.progress, "monotonic", lambda: clock[0])
     stream = io.StringIO()
     progress = StepProgress("rl", Console(file=stream, force_terminal=False, width=200))
     state, control = TrainerState(max_steps=100, global_step=40), TrainerControl()  # resumed at step 40
@@ -123,7 +123,7 @@ def test_step_progress_draws_a_bar_on_a_terminal_and_prints_no_lines():
     from rich.console import Console
     from transformers import TrainerControl, TrainerState
 
-    from r3rag.observe import StepProgress
+    from r3rag.training.observe import StepProgress
 
     stream = io.StringIO()
     progress = StepProgress("rl", Console(file=stream, force_terminal=True, width=100))
@@ -144,7 +144,7 @@ TINY_EVAL = ["rl=", "systems=[sft]", "limit=4", "max_turns=2", "max_new_tokens=8
 @pytest.fixture(scope="module")
 def sft_runs(tmp_path_factory):
     """A runs dir with a tiny world, its index, the oracle's trajectories and an SFT policy."""
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
 
     runs = tmp_path_factory.mktemp("quiet") / "runs"
     build_teacher_data(runs)

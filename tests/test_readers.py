@@ -4,12 +4,12 @@ evaluation through eval's direct and rag modes."""
 
 import pytest
 
-from r3rag.artifacts import resolve
-from r3rag.errors import UserError
-from r3rag.jsonl import read_jsonl
-from r3rag.pipeline import run_stage
-from r3rag.protocol import Protocol
-from r3rag.training import IGNORE, tokenize_trajectory
+from r3rag.core.artifacts import resolve
+from r3rag.core.protocol import Protocol
+from r3rag.experiments.pipeline import run_stage
+from r3rag.training.helpers import IGNORE, tokenize_trajectory
+from r3rag.util.errors import UserError
+from r3rag.util.jsonl import read_jsonl
 from tests.conftest import TINY_WORLD
 
 QA = Protocol(template="qa", doc_style="plain")
@@ -58,7 +58,7 @@ def test_reader_trajectories_answer_after_the_prefill_with_their_documents_in_th
 
 
 def test_reader_loss_covers_the_answer_and_eos_only_and_the_prompt_keeps_its_documents(runs):
-    from r3rag.modeling import train_word_tokenizer
+    from r3rag.training.modeling import train_word_tokenizer
 
     rows = read_jsonl(_reader_data(runs, "rag").path / "trajectories.jsonl")
     tok = train_word_tokenizer([r["prompt"] for r in rows] + [t["text"] for r in rows for t in r["turns"]])
@@ -83,8 +83,8 @@ def test_a_tiny_reader_trains_and_eval_runs_it_closed_book_and_with_rag(runs):
     and eval's built-in direct and rag systems run it (answers are not the point at this size)."""
     import torch
 
-    from r3rag.modeling import load_policy, tiny_model
-    from r3rag.training import load_protocol_dict
+    from r3rag.training.helpers import load_protocol_dict
+    from r3rag.training.modeling import load_policy, tiny_model
 
     data = _reader_data(runs, "rag")
     sft = run_stage("sft", None, TINY_SFT + [f"data={data.path}", "name=reader"], runs)

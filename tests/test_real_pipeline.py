@@ -58,7 +58,7 @@ def test_hub_model_plans_with_one_setting(tmp_path, name):
 
 
 def test_hub_model_is_recorded_not_copied(tmp_path):
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
     from r3rag.stages.common import Context, add_model_input, model_location
 
     ref = run_stage("model", None, ["source=Qwen/Qwen2.5-3B-Instruct"], tmp_path)
@@ -71,8 +71,8 @@ def test_hub_model_is_recorded_not_copied(tmp_path):
 @pytest.mark.slow
 @pytest.mark.timeout(1500)  # a 135M model through every stage on 2 cores: minutes, more on a loaded machine
 def test_every_stage_on_the_real_model(smollm2_runs, shared_root):
-    from r3rag.modeling import load_model
-    from r3rag.pipeline import run_pipeline
+    from r3rag.experiments.pipeline import run_pipeline
+    from r3rag.training.modeling import load_model
 
     runs, model_ref = smollm2_runs
     evaluation = run_pipeline(PIPELINE, MINIATURE, runs)

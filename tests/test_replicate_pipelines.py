@@ -3,7 +3,7 @@ world seed scored in replicate.yaml, and reader baselines on the cold start's bu
 
 from pathlib import Path
 
-from r3rag.pipeline import _load_pipeline
+from r3rag.experiments.pipeline import _load_pipeline
 from tests.cli_helpers import r3rag_inprocess
 
 ROOT = Path(__file__).resolve().parents[1]

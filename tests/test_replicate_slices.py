@@ -1,4 +1,4 @@
-"""An experiment run slice by slice (r3rag.slices, slice_file, slice_merge, slice_status): each
+"""An experiment run slice by slice (r3rag.experiments.slices, slice_file, slice_merge, slice_status): each
 slice's results file, its merge into the results file the whole run would write, `--status`, bad
 files and a slice run twice. Stand-in eval artifacts (metrics.json, predictions.jsonl, manifests)
 take the place of trained ones: nothing here trains, every test runs in about a second."""
@@ -67,7 +67,7 @@ def _ref(runs: Path, stage: str, id_: str, config: dict, metrics=None, inputs=No
 
 def _eval(runs: Path, variant: str, systems: list[str], split: str, sft, rl, index) -> SimpleNamespace:
     """An eval of 40 questions: per-question EM (0/1) and F1 drawn from a seeded generator per system."""
-    from r3rag.metrics import mean_ci
+    from r3rag.core.metrics import mean_ci
 
     inputs = {"sft": {"id": sft.id}, "index": {"id": index.id}, **({"rl": {"id": rl.id}} if rl else {})}
     ev = _ref(runs, "eval", f"eval-{variant.replace('#', '-')}", {"split": split, "limit": 40}, inputs=inputs)
@@ -123,12 +123,12 @@ def _built(runs: Path) -> dict:
 
 def _whole_run(path: Path, built: dict, tmp_path: Path) -> dict:
     """The results file one run of the whole experiment writes from these artifacts (as
-    r3rag.experiment.run_experiment: its table's rows and comparisons, then write_results)."""
-    from r3rag.pipeline import load_pipeline
-    from r3rag.results_compare import build_comparisons, compare_spec
-    from r3rag.results_file import results_spec, write_results
-    from r3rag.results_table import build_rows
-    from r3rag.slices import load_slices
+    r3rag.experiments.experiment.run_experiment: its table's rows and comparisons, then write_results)."""
+    from r3rag.experiments.pipeline import load_pipeline
+    from r3rag.experiments.results_compare import build_comparisons, compare_spec
+    from r3rag.experiments.results_file import results_spec, write_results
+    from r3rag.experiments.results_table import build_rows
+    from r3rag.experiments.slices import load_slices
 
     experiment, _ = load_slices(path, load_pipeline(path))
     table = experiment["table"]
@@ -145,9 +145,9 @@ def _whole_run(path: Path, built: dict, tmp_path: Path) -> dict:
 
 def _write_slice(path: Path, built: dict, name: str, finished: str = "2026-12-03T10:00:00Z", **changes) -> Path:
     """Slice `name`'s file, as `r3rag run --slice` writes it after building these artifacts."""
-    from r3rag.pipeline import load_pipeline
-    from r3rag.slice_file import slice_record, write_slice
-    from r3rag.slices import fingerprint, load_slices, slice_experiment
+    from r3rag.experiments.pipeline import load_pipeline
+    from r3rag.experiments.slice_file import slice_record, write_slice
+    from r3rag.experiments.slices import fingerprint, load_slices, slice_experiment
 
     experiment, slices = load_slices(path, load_pipeline(path))
     sub = slice_experiment(path, experiment, slices[name])
@@ -160,7 +160,7 @@ def _write_slice(path: Path, built: dict, name: str, finished: str = "2026-12-03
 @pytest.fixture
 def tiny(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # results/tiny/ and results/tiny.json are relative to the working directory
-    monkeypatch.setattr("r3rag.slice_file.machine_info", lambda: dict(MACHINE))
+    monkeypatch.setattr("r3rag.experiments.slice_file.machine_info", lambda: dict(MACHINE))
     monkeypatch.setenv("COLUMNS", "250")
     return SimpleNamespace(path=_pipeline(tmp_path).relative_to(tmp_path), built=_built(tmp_path / "runs"))
 
@@ -171,8 +171,8 @@ def _all_slices(tiny) -> None:
 
 
 def test_a_slice_runs_its_variants_and_the_stages_they_start_from():
-    from r3rag.pipeline import load_pipeline
-    from r3rag.slices import load_slices, slice_experiment
+    from r3rag.experiments.pipeline import load_pipeline
+    from r3rag.experiments.slices import load_slices, slice_experiment
 
     path = ROOT / "pipelines" / "replicate.yaml"
     experiment, slices = load_slices(path, load_pipeline(path))
@@ -204,13 +204,13 @@ def test_a_slice_file_holds_every_outcome_and_is_written_atomically(tiny, monkey
     assert record["settings"]["more#s0"]["sft"]["lr"] == 1e-4 and len(record["settings_hash"]) == 16
     assert '"em": [' in file.read_text()  # a list of 40 values on one line, not 40 lines
 
-    from r3rag.slice_file import write_slice
+    from r3rag.experiments.slice_file import write_slice
 
     def killed(fd):  # the process dies after writing, before the temp file is renamed into place
         raise KeyboardInterrupt
 
     before = file.read_text()
-    monkeypatch.setattr("r3rag.results_file.os.fsync", killed)
+    monkeypatch.setattr("r3rag.experiments.results_file.os.fsync", killed)
     with pytest.raises(KeyboardInterrupt):
         write_slice(file, {**record, "slice": "changed"})
     assert file.read_text() == before and not list(file.parent.glob(".*part"))  # the old file, whole
@@ -219,8 +219,8 @@ def test_a_slice_file_holds_every_outcome_and_is_written_atomically(tiny, monkey
 def test_merged_slices_equal_the_whole_runs_results(tiny, tmp_path):
     """The merge's rows (EM over seeds, intervals, dev EM found in another slice) and paired
     comparisons equal those of one run of the whole experiment over the same per-question outcomes."""
-    from r3rag.pipeline import load_pipeline
-    from r3rag.slice_merge import merge
+    from r3rag.experiments.pipeline import load_pipeline
+    from r3rag.experiments.slice_merge import merge
 
     whole = _whole_run(tiny.path, tiny.built, tmp_path)
     _all_slices(tiny)
@@ -249,8 +249,8 @@ def _git(*args: str) -> None:
 
 
 def test_status_lists_committed_written_stale_and_missing_slices_and_the_hours_left(tiny):
-    from r3rag.pipeline import load_pipeline
-    from r3rag.slice_status import slice_rows
+    from r3rag.experiments.pipeline import load_pipeline
+    from r3rag.experiments.slice_status import slice_rows
 
     _git("init", "-q")
     committed = _write_slice(tiny.path, tiny.built, "grpo-s0")
@@ -301,9 +301,9 @@ def test_a_bad_slice_file_is_one_line_naming_it(tiny, damage, needles):
 
 
 def test_a_slice_rerun_elsewhere_is_kept_beside_it_and_the_first_to_finish_counts(tiny):
-    from r3rag.pipeline import load_pipeline
-    from r3rag.slice_file import target_file
-    from r3rag.slice_merge import merge
+    from r3rag.experiments.pipeline import load_pipeline
+    from r3rag.experiments.slice_file import target_file
+    from r3rag.experiments.slice_merge import merge
 
     _all_slices(tiny)
     first = merge(tiny.path, load_pipeline(tiny.path))
@@ -337,14 +337,14 @@ def test_a_slice_rerun_elsewhere_is_kept_beside_it_and_the_first_to_finish_count
 
 def test_run_slice_writes_its_file_and_prints_how_to_commit_it(tiny, monkeypatch):
     """`r3rag run FILE --slice NAME`, its building stood in for: the file, then the git line."""
-    from r3rag.pipeline import load_pipeline
-    from r3rag.slices import check_overrides, load_slices, slice_experiment
+    from r3rag.experiments.pipeline import load_pipeline
+    from r3rag.experiments.slices import check_overrides, load_slices, slice_experiment
 
     def build(path, sub, overrides, runs_dir):
         built = {v: {st: tiny.built[v][st] for st in spec["stages"]} for v, spec in sub["variants"].items()}
         return built, SimpleNamespace(id="table-1", path=Path("runs/table/t"))
 
-    monkeypatch.setattr("r3rag.experiment.build_experiment", build)
+    monkeypatch.setattr("r3rag.experiments.experiment.build_experiment", build)
     out = r3rag_inprocess("run", tiny.path, "--slice", "rest-s1")
     assert out.returncode == 0, out.stderr
     assert "wrote results/tiny/rest-s1.json" in out.stdout
@@ -387,8 +387,8 @@ def test_bad_slices_sections_fail_before_anything_runs(tmp_path, changes, needle
 
 def test_committed_results_files_are_the_merge_of_their_committed_slices(monkeypatch):
     """A results file with a folder of slice files beside it is what `r3rag report --results` merges from them."""
-    from r3rag.pipeline import load_pipeline
-    from r3rag.slice_merge import merge
+    from r3rag.experiments.pipeline import load_pipeline
+    from r3rag.experiments.slice_merge import merge
 
     monkeypatch.chdir(ROOT)  # slice files name their pipeline and folder from the repository's root
     folders = [d for d in sorted((ROOT / "results").glob("*")) if d.is_dir() and list(d.glob("*.json"))]

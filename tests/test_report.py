@@ -3,7 +3,7 @@
 import csv
 import json
 
-from r3rag.pipeline import run_stage
+from r3rag.experiments.pipeline import run_stage
 
 
 def test_report_over_an_eval_artifact(pipeline_runs):
@@ -36,7 +36,7 @@ def test_eval_reports_bootstrap_intervals(pipeline_runs):
 def test_viewer_data_groups_questions_across_evals(tmp_path):
     """Rows without a data set take their eval's; a system in two evals gets a column per eval;
     the cap keeps whole questions (every system's row for the first N questions of each eval)."""
-    from r3rag.report import write_viewer
+    from r3rag.evaluation.report import write_viewer
 
     dirs = []
     for name in ("eval-a", "eval-b"):

@@ -1,4 +1,4 @@
-"""Paired comparisons between an experiment's rows (r3rag.results_compare): per-question EM
+"""Paired comparisons between an experiment's rows (r3rag.experiments.results_compare): per-question EM
 averaged over seeds, the difference bootstrapped over the same questions, bad pairs one error."""
 
 import json
@@ -7,8 +7,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from r3rag.errors import UserError
-from r3rag.results_compare import build_comparisons, compare_spec, comparison_markdown
+from r3rag.experiments.results_compare import build_comparisons, compare_spec, comparison_markdown
+from r3rag.util.errors import UserError
 
 TABLE = {"GRPO": ["g#s0/rl", "g#s1/rl"], "SFT": ["g#s0/sft", "g#s1/sft"], "same": "h/sft"}
 

@@ -1,6 +1,6 @@
 """Every figure in the docs comes from a results file: the committed docs' generated blocks equal
-what their committed results files give (r3rag.results_docs), and the results file an experiment
-writes (r3rag.results_file) holds every run behind each row."""
+what their committed results files give (r3rag.experiments.results_docs), and the results file an experiment
+writes (r3rag.experiments.results_file) holds every run behind each row."""
 
 import json
 from pathlib import Path
@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from r3rag.errors import UserError
-from r3rag.results_docs import CLOSE, doc_files, regenerate, stale, update_docs
+from r3rag.experiments.results_docs import CLOSE, doc_files, regenerate, stale, update_docs
+from r3rag.util.errors import UserError
 from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
 from tests.conftest import TINY_WORLD
 
@@ -178,7 +178,7 @@ def _mini(tmp_path: Path, **changes) -> Path:
 
 
 def test_an_experiment_writes_its_results_file(tmp_path, monkeypatch):
-    from r3rag.experiment import run_file
+    from r3rag.experiments.run import run_file
 
     monkeypatch.chdir(tmp_path)  # the results path is relative to the working directory
     ref = run_file(_mini(tmp_path), [], tmp_path / "runs")
@@ -241,8 +241,8 @@ def test_a_plain_pipeline_with_results_fails(tmp_path):
 
 
 def test_replicate_pipelines_name_their_own_results_files():
-    from r3rag.pipeline import load_pipeline
-    from r3rag.results_file import results_spec
+    from r3rag.experiments.pipeline import load_pipeline
+    from r3rag.experiments.results_file import results_spec
 
     paths = {
         name: results_spec(ROOT / "pipelines" / f"{name}.yaml", load_pipeline(ROOT / "pipelines" / f"{name}.yaml"))[

@@ -6,16 +6,16 @@ import json
 
 import pytest
 
-from r3rag.errors import UserError
-from r3rag.jsonl import write_jsonl
-from r3rag.pipeline import run_stage
-from r3rag.protocol import Hit
+from r3rag.core.protocol import Hit
+from r3rag.experiments.pipeline import run_stage
 from r3rag.retrieval import load_retriever
 from r3rag.retrieval.bm25 import BM25Retriever
 from r3rag.retrieval.dense import DenseRetriever
 from r3rag.retrieval.evaluate import retrieval_metrics
 from r3rag.retrieval.hybrid import HybridRetriever
 from r3rag.retrieval.rank_bm25_backend import RankBM25Retriever
+from r3rag.util.errors import UserError
+from r3rag.util.jsonl import write_jsonl
 
 TOPICS = [
     ("Volcano", "A volcano is a rupture in the crust of a planet through which molten lava and ash escape."),
@@ -192,7 +192,7 @@ def test_retrieval_metrics_by_hand():
 
 
 def test_retrieval_metrics_match_gold_as_gold_docs_does():
-    """Ids win over titles (the synthetic world names gold by id); titles compare as r3rag.gold_docs does."""
+    """Ids win over titles (the synthetic world names gold by id); titles compare as r3rag.core.gold_docs does."""
     r = BM25Retriever.build(small_corpus(len(TOPICS)))
     by_id = {"question": "lava volcano", "golden_answers": ["x"], "metadata": {"supporting_docs": ["t0", "t3"]}}
     by_title = {"question": "lava volcano", "golden_answers": ["x"], "metadata": {"supporting_titles": [" volcano"]}}

@@ -2,12 +2,11 @@
 
 import pytest
 
-from r3rag.env import Trajectory, Turn
-from r3rag.errors import UserError
-from r3rag.judge import JudgeError, JudgeSpec
-from r3rag.protocol import Protocol
-from r3rag.relevance import EmbeddingRelevance, gold_relevance, parse_relevance
-from r3rag.rewards import (
+from r3rag.core.env import Trajectory, Turn
+from r3rag.core.protocol import Protocol
+from r3rag.evaluation.judge import JudgeError, JudgeSpec
+from r3rag.rl.relevance import EmbeddingRelevance, gold_relevance, parse_relevance
+from r3rag.rl.rewards import (
     R3ragWeights,
     RewardScorer,
     RewardSettings,
@@ -17,6 +16,7 @@ from r3rag.rewards import (
     search_r1_format_reward,
     trl_reward_funcs,
 )
+from r3rag.util.errors import UserError
 from tests.chat_server import ChatServer, last_user_text
 
 P = Protocol()

@@ -12,14 +12,14 @@ from pathlib import Path
 import pytest
 import torch
 
-from r3rag.env import EnvConfig, run_rollouts
-from r3rag.errors import UserError
+from r3rag.core.env import EnvConfig, run_rollouts
+from r3rag.core.protocol import Protocol
 from r3rag.generation.scripted import ScriptedGenerator
-from r3rag.grpo import rollout_batch
-from r3rag.modeling import tiny_model, train_word_tokenizer
-from r3rag.protocol import Protocol
 from r3rag.retrieval.bm25 import BM25Retriever
-from r3rag.training import completion_with_eos
+from r3rag.rl.grpo import rollout_batch
+from r3rag.training.helpers import completion_with_eos
+from r3rag.training.modeling import tiny_model, train_word_tokenizer
+from r3rag.util.errors import UserError
 from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
 from tests.grad_helpers import keep_final_hidden
 
@@ -79,8 +79,8 @@ def test_unmasked_ablation_puts_retrieved_tokens_in_the_loss_and_keeps_the_eos_r
 def test_grpo_loss_gives_retrieved_tokens_exactly_zero_gradient(tmp_path):
     """Through TRL's GRPOTrainer: the hidden state that predicts an environment token (or the
     masked EOS of a trajectory without an answer) gets exactly zero gradient; model tokens do not."""
-    from r3rag.grpo import build_trainer
-    from r3rag.rewards import RewardScorer, RewardSettings
+    from r3rag.rl.grpo import build_trainer
+    from r3rag.rl.rewards import RewardScorer, RewardSettings
     from r3rag.stages.rl import Config
 
     tok = _tokenizer()
@@ -114,8 +114,8 @@ def test_grpo_loss_gives_retrieved_tokens_exactly_zero_gradient(tmp_path):
 
 
 def test_rl_stage_writes_metrics_rollouts_and_reward_curves(pipeline_runs):
-    from r3rag.jsonl import read_jsonl
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
+    from r3rag.util.jsonl import read_jsonl
 
     runs, _ = pipeline_runs
     ref = run_stage(
@@ -186,7 +186,7 @@ def _rl_cmd(runs, *extra):
 
 @pytest.mark.slow
 def test_resume_after_a_kill_continues_from_the_last_checkpoint(pipeline_runs):
-    from r3rag.jsonl import read_jsonl
+    from r3rag.util.jsonl import read_jsonl
 
     runs, _ = pipeline_runs
     proc = subprocess.Popen(_rl_cmd(runs), stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -233,7 +233,7 @@ def test_vllm_asked_for_but_missing_is_a_clear_error(pipeline_runs):
 def test_vllm_auto_uses_vllm_only_where_it_is_installed_and_a_gpu_is_present(monkeypatch, installed, gpu, expected):
     import importlib.util
 
-    from r3rag.grpo import resolve_vllm
+    from r3rag.rl.grpo import resolve_vllm
 
     find_spec = importlib.util.find_spec
     monkeypatch.setattr(
@@ -250,9 +250,9 @@ def test_vllm_auto_uses_vllm_only_where_it_is_installed_and_a_gpu_is_present(mon
 
 @pytest.mark.parametrize("name", ["search-r1-qwen2.5-3b.yaml", "r3rag-qwen2.5-7b.yaml", "demo.yaml"])
 def test_recipe_pipelines_parse_with_the_config_loader(name):
-    from r3rag.config import build_config
-    from r3rag.pipeline import _load_pipeline, _section
+    from r3rag.experiments.pipeline import _load_pipeline, _section
     from r3rag.stages import STAGE_ORDER, stage_module
+    from r3rag.util.config import build_config
 
     path = ROOT / "pipelines" / name
     data = _load_pipeline(path)
@@ -275,7 +275,7 @@ def test_accelerate_configs_are_valid_yaml(name):
 @pytest.mark.slow
 def test_two_processes_on_cpu_each_roll_out_their_share(pipeline_runs, tmp_path):
     """accelerate launch --num_processes 2 on CPU (gloo): the run finishes, both ranks contribute rollouts."""
-    from r3rag.jsonl import read_jsonl
+    from r3rag.util.jsonl import read_jsonl
 
     runs, _ = pipeline_runs
     port = str(29500 + os.getpid() % 1000)
@@ -312,7 +312,7 @@ def test_rl_manifest_seconds_cover_training(pipeline_runs):
 
 def test_resume_skips_a_checkpoint_whose_state_file_was_cut_short(tmp_path):
     """A kill while the Trainer writes trainer_state.json leaves it empty or partial: resume from the one before."""
-    from r3rag.checkpoints import last_complete_checkpoint
+    from r3rag.training.checkpoints import last_complete_checkpoint
 
     for step, state in ((2, '{"global_step": 2}'), (4, ""), (6, '{"global_st')):
         (tmp_path / f"checkpoint-{step}").mkdir()
@@ -327,8 +327,8 @@ def test_resume_auto_continues_where_a_checkpoint_is_and_starts_afresh_where_non
 
     import pytest
 
-    from r3rag.errors import UserError
     from r3rag.stages.rl import _prepare_work
+    from r3rag.util.errors import UserError
 
     state = SimpleNamespace(is_main_process=True, wait_for_everyone=lambda: None)
     fresh = tmp_path / "fresh"
@@ -347,7 +347,7 @@ def test_training_seconds_before_a_resume_come_from_the_checkpoint_or_the_logged
     record, or, for a checkpoint without one, from the step times logged up to its step."""
     from types import SimpleNamespace
 
-    from r3rag.observe import TrainClock, seconds_before
+    from r3rag.training.observe import TrainClock, seconds_before
 
     ckpts, metrics = tmp_path / "checkpoints", tmp_path / "metrics.jsonl"
     rows = [(2, 1.5), (4, 2.0), (6, 600.0), (8, 9.0)]  # every other step; 6 was paused; 8 is after the checkpoint

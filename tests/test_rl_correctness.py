@@ -7,15 +7,15 @@ import pytest
 import torch
 from transformers import TemperatureLogitsWarper, TopPLogitsWarper
 
-from r3rag.env import EnvConfig, Generated, Trajectory, Turn, new_trajectory, run_rollouts
+from r3rag.core.env import EnvConfig, Generated, Trajectory, Turn, new_trajectory, run_rollouts
+from r3rag.core.protocol import TAGS, Protocol
 from r3rag.generation.hf import HFGenerator
 from r3rag.generation.scripted import ScriptedGenerator
-from r3rag.grpo import completion_logprobs, rollout_batch
-from r3rag.modeling import tiny_model, train_word_tokenizer
-from r3rag.protocol import TAGS, Protocol
 from r3rag.retrieval.bm25 import BM25Retriever
-from r3rag.rewards import RewardScorer, RewardSettings
-from r3rag.training import LoraSettings, apply_lora, completion_with_eos
+from r3rag.rl.grpo import completion_logprobs, rollout_batch
+from r3rag.rl.rewards import RewardScorer, RewardSettings
+from r3rag.training.helpers import LoraSettings, apply_lora, completion_with_eos
+from r3rag.training.modeling import tiny_model, train_word_tokenizer
 
 DOCS = [
     {"id": "p1", "title": "Ava Smith", "text": "Ava Smith works for Zentro Labs ."},
@@ -68,7 +68,7 @@ def test_a_rollout_cut_by_a_length_limit_is_scored_like_an_invalid_one():
 def test_rollouts_run_in_eval_mode_and_training_keeps_lora_dropout(tmp_path):
     """The rollout generator puts the policy in eval mode (LoRA dropout off: greedy rollouts are
     deterministic, logits repeat) and gives it back in training mode, where dropout still acts."""
-    from r3rag.grpo import build_trainer, generator
+    from r3rag.rl.grpo import build_trainer, generator
     from r3rag.stages.rl import Config
 
     tok = _tokenizer()
@@ -220,7 +220,7 @@ def test_logprobs_follow_the_eos_and_budget_rules_of_the_completion():
 
 def test_trimmed_turns_keep_their_logprobs_aligned():
     """The env cuts a turn's ids (a qa reader's first line, IRCoT's EOS): the logprobs are cut alike."""
-    from r3rag.env import _trimmed
+    from r3rag.core.env import _trimmed
 
     tok = _tokenizer()
     ids = tok.encode("Ava Smith <eos>", add_special_tokens=False)
@@ -239,7 +239,7 @@ class _Killed(Exception):
 def searching_policy(tmp_path_factory):
     """A runs dir whose SFT policy searches often enough (2 layers, 10 epochs: ~15 s) that GRPO
     groups differ in reward, so the loss is not 0 and the weights move."""
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
     from tests.conftest import build_teacher_data
 
     runs = tmp_path_factory.mktemp("resume") / "runs"
@@ -254,7 +254,7 @@ def searching_policy(tmp_path_factory):
 
 
 def _run_rl(runs, name: str, *extra: str):
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
 
     return run_stage(
         "rl",
@@ -284,7 +284,7 @@ def _kill_after_checkpoint(monkeypatch, step: int):
     artifact), but at the same place every time."""
     from transformers import TrainerCallback
 
-    from r3rag import grpo
+    from r3rag.rl import grpo
 
     class Kill(TrainerCallback):
         def on_save(self, args, state, control, **kwargs):
@@ -307,7 +307,7 @@ def test_a_resumed_run_ends_where_a_straight_run_ends(searching_policy, monkeypa
     the rollouts sample on from the checkpoint's RNG state."""
     from safetensors.torch import load_file
 
-    from r3rag.jsonl import read_jsonl
+    from r3rag.util.jsonl import read_jsonl
 
     runs, extra = searching_policy, [f"lora={str(lora).lower()}"]
     straight = _run_rl(runs, "straight", *extra)

@@ -15,9 +15,9 @@ import shutil
 import pytest
 import torch
 
-from r3rag.errors import UserError
-from r3rag.modeling import load_policy
-from r3rag.pipeline import run_stage
+from r3rag.experiments.pipeline import run_stage
+from r3rag.training.modeling import load_policy
+from r3rag.util.errors import UserError
 
 TINY_RL = [
     "steps=1",
@@ -32,7 +32,7 @@ TINY_RL = [
 
 
 def vary_rewards(monkeypatch) -> None:
-    from r3rag import rewards
+    from r3rag.rl import rewards
 
     calls = itertools.count()
     monkeypatch.setattr(rewards, "exact_match_reward", lambda traj, example: float(next(calls) % 2))
@@ -115,9 +115,9 @@ def _broken_plot(metrics_path, png):
 def test_a_failed_publish_leaves_nothing_half_written(own_runs, monkeypatch, failure):
     """Rank 0 (the only process here) fails while publishing: no artifact, no temp directory, nothing
     `rl:latest` resolves to; the same command then publishes a complete, loadable policy."""
-    from r3rag import observe
-    from r3rag.artifacts import list_artifacts, resolve
+    from r3rag.core.artifacts import list_artifacts, resolve
     from r3rag.stages import rl
+    from r3rag.training import observe
 
     runs, _ = own_runs
     vary_rewards(monkeypatch)

@@ -14,10 +14,10 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
-from r3rag.errors import UserError
 from r3rag.retrieval.remote import RemoteRetriever
 from r3rag.retrieval.server import make_app, running
 from r3rag.retrieval.serving import serve
+from r3rag.util.errors import UserError
 
 LIMITS = dict(max_batch=64, max_topk=20, max_query_chars=300, max_body_bytes=50_000)
 
@@ -216,7 +216,7 @@ def test_open_retriever_rejects_a_non_url():
 
 
 def test_eval_through_the_server_matches_in_process(pipeline_runs, tmp_path):
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
     from r3rag.retrieval import load_retriever
 
     runs, refs = pipeline_runs

@@ -13,7 +13,7 @@ import time
 import httpx
 import pytest
 
-from r3rag.protocol import Hit
+from r3rag.core.protocol import Hit
 from r3rag.retrieval import server_guards
 from r3rag.retrieval.server import MAX_HEADER_BYTES, make_app, running
 from r3rag.retrieval.server_guards import BodyLimits, default_protocol, with_header_deadline

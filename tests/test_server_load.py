@@ -30,7 +30,7 @@ def free_port() -> int:
 
 @pytest.fixture(scope="module")
 def server(world_index_runs):
-    from r3rag.artifacts import list_artifacts
+    from r3rag.core.artifacts import list_artifacts
     from r3rag.data.world import WorldConfig, generate_world
 
     index = list_artifacts(world_index_runs, "index")[0]

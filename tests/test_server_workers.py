@@ -15,11 +15,11 @@ from pathlib import Path
 import httpx
 import pytest
 
-from r3rag.errors import UserError
-from r3rag.pipeline import run_stage
+from r3rag.experiments.pipeline import run_stage
 from r3rag.retrieval import load_retriever
 from r3rag.retrieval.remote import RemoteRetriever
 from r3rag.retrieval.serving import serve
+from r3rag.util.errors import UserError
 
 pytestmark = pytest.mark.skipif(not hasattr(socket, "SO_REUSEPORT"), reason="needs SO_REUSEPORT")
 

@@ -4,7 +4,7 @@ straight run ends (weights, optimizer, scheduler, RNG and the data order restore
 import pytest
 import torch
 
-from r3rag.pipeline import run_stage
+from r3rag.experiments.pipeline import run_stage
 from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
 from tests.conftest import build_teacher_data
 
@@ -26,7 +26,7 @@ def runs(tmp_path_factory):
 
 def _kill_after_checkpoint(monkeypatch, step: int) -> None:
     """Stop the run right after the Trainer wrote checkpoint-`step`, as a kill there would."""
-    from r3rag import observe
+    from r3rag.training import observe
 
     class KillingClock(observe.TrainClock):
         def on_save(self, args, state, control, **kw):
@@ -93,7 +93,7 @@ def test_the_sampler_deals_the_orders_transformers_sampler_deals():
     """Unbroken runs train as before: each epoch's order, and the global RNG after it, as stock."""
     from transformers.trainer_pt_utils import LengthGroupedSampler
 
-    from r3rag.trainers import ReplayableLengthSampler
+    from r3rag.training.trainers import ReplayableLengthSampler
 
     lengths = [(i * 37) % 101 + 1 for i in range(100)]
     torch.manual_seed(3)

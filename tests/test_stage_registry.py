@@ -6,9 +6,9 @@ from pathlib import Path
 import pytest
 
 import r3rag.stages
-from r3rag.artifacts import FILE
-from r3rag.errors import UserError
+from r3rag.core.artifacts import FILE
 from r3rag.stages import STAGE_ORDER, STAGES, stage_module
+from r3rag.util.errors import UserError
 
 STAGES_DIR = Path(r3rag.stages.__file__).parent
 NOT_STAGES = {"__init__", "common"}  # the registry itself and what every stage shares
@@ -37,6 +37,6 @@ def test_an_unknown_stage_is_one_line_naming_the_known_ones():
 
 
 def test_the_cli_has_a_command_per_stage():
-    from r3rag.cli import app
+    from r3rag.cli.app import app
 
     assert set(STAGES) <= {c.name for c in app.registered_commands}

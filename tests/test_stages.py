@@ -2,9 +2,9 @@
 
 import json
 
-from r3rag.artifacts import list_artifacts
-from r3rag.jsonl import read_jsonl
-from r3rag.modeling import load_policy
+from r3rag.core.artifacts import list_artifacts
+from r3rag.training.modeling import load_policy
+from r3rag.util.jsonl import read_jsonl
 
 
 def test_world_split_and_probe(pipeline_runs):
@@ -45,7 +45,7 @@ def test_rl_updates_parameters_from_the_sft_policy(pipeline_runs, tmp_path, monk
 
     import torch
 
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
     from tests.test_rl_publish import TINY_RL, assert_moved, vary_rewards
 
     _, refs = pipeline_runs
@@ -81,7 +81,7 @@ def test_eval_metrics_shape(pipeline_runs):
 
 
 def test_rerun_reuses_existing_artifacts(pipeline_runs):
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
     from tests.conftest import TINY_WORLD
 
     runs, refs = pipeline_runs
@@ -93,9 +93,9 @@ def test_rerun_reuses_existing_artifacts(pipeline_runs):
 
 def test_base_stage_then_lora_cold_start(pipeline_runs):
     """`r3rag base` pretrains on fresh worlds' text only; `sft --set base=...` starts from it with LoRA."""
-    from r3rag.jsonl import read_jsonl
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
     from r3rag.stages.base import Config, corpus_texts
+    from r3rag.util.jsonl import read_jsonl
 
     runs, refs = pipeline_runs
     test_subjects = {
@@ -127,7 +127,7 @@ def test_base_stage_then_lora_cold_start(pipeline_runs):
     )
     assert json.loads((sft.path / "policy.json").read_text())["base"] == f"base:{base.id}"
     assert sft.manifest["inputs"]["base"]["content_hash"] == base.content_hash
-    from r3rag.modeling import load_policy
+    from r3rag.training.modeling import load_policy
 
     model, _ = load_policy(sft.path)
     assert model.config.hidden_size == 32  # the base model's shape, LoRA merged back in

@@ -1,4 +1,4 @@
-"""Intervals and seeds (r3rag.metrics): Clopper-Pearson for proportions, one seeded bootstrap for
+"""Intervals and seeds (r3rag.core.metrics): Clopper-Pearson for proportions, one seeded bootstrap for
 everything else, mean ± sd over seeds, paired comparisons, and the results table's seed rows."""
 
 import json
@@ -7,7 +7,14 @@ from types import SimpleNamespace
 
 import pytest
 
-from r3rag.metrics import bootstrap_ci, clopper_pearson, mean_ci, over_seeds, paired_bootstrap_diff, paired_over_seeds
+from r3rag.core.metrics import (
+    bootstrap_ci,
+    clopper_pearson,
+    mean_ci,
+    over_seeds,
+    paired_bootstrap_diff,
+    paired_over_seeds,
+)
 
 
 def _binom_cdf(k: int, n: int, p: float) -> float:
@@ -113,7 +120,7 @@ def _eval_dir(tmp_path, name: str, em: dict[str, float]):
 
 
 def test_results_table_rows_over_seeds(tmp_path):
-    from r3rag.results_table import build_rows, markdown
+    from r3rag.experiments.results_table import build_rows, markdown
 
     built = {
         "s1": _eval_dir(tmp_path, "s1", {"a": 1.0, "b": 0.0, "c": 1.0, "d": 0.0}),
@@ -144,7 +151,7 @@ def test_results_table_rows_over_seeds(tmp_path):
 
 def test_the_chart_draws_each_seeds_em_as_a_dot_on_its_row():
     plt = pytest.importorskip("matplotlib.pyplot", reason="the chart needs the [plots] extra")
-    from r3rag.results_table import chart
+    from r3rag.experiments.results_table import chart
 
     rows = [
         {"label": "GRPO", "em": 0.75, "em_ci": [0.71, 0.79], "em_per_seed": [0.754, 0.72, 0.776]},

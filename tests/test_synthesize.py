@@ -10,9 +10,9 @@ import time
 
 import pytest
 
-from r3rag.jsonl import read_jsonl
-from r3rag.pipeline import run_stage
-from r3rag.protocol import Protocol
+from r3rag.core.protocol import Protocol
+from r3rag.experiments.pipeline import run_stage
+from r3rag.util.jsonl import read_jsonl
 from tests.chat_server import ChatServer
 from tests.conftest import TINY_WORLD
 from tests.world_teacher import WorldTeacher, question_of
@@ -29,7 +29,7 @@ def runs(tmp_path_factory):
 
 
 def train_questions(runs, n):
-    from r3rag.artifacts import resolve
+    from r3rag.core.artifacts import resolve
 
     return read_jsonl(resolve("world:latest", "world", runs).path / "train.jsonl")[:n]
 
@@ -179,7 +179,7 @@ def test_sigkill_midway_then_rerun_gives_the_uninterrupted_set(runs, monkeypatch
         assert not list((runs / "synthesize").glob("killed-*"))  # no artifact from a killed run
         out = subprocess.run(args, capture_output=True, text=True, timeout=120)
         assert out.returncode == 0, out.stderr
-    from r3rag.artifacts import resolve
+    from r3rag.core.artifacts import resolve
 
     resumed = resolve(out.stdout.strip().splitlines()[-1], "synthesize")
     assert resumed.manifest["metrics"]["resumed_questions"] >= done_before >= 8
@@ -228,11 +228,11 @@ def test_per_step_sft_view_trains_on_r3rag_trajectories(runs):
 def test_hf_teacher_runs_the_attempt_loop_with_a_local_model(runs, tmp_path):
     """A random tiny model answers nothing useful: every attempt is rejected with a reason, the
     second one sampled, and the tokens it spent are counted."""
-    from r3rag.artifacts import resolve
-    from r3rag.modeling import tiny_model, train_word_tokenizer
+    from r3rag.core.artifacts import resolve
     from r3rag.retrieval import open_retriever
     from r3rag.stages.synthesize import Config, attempt_loop
-    from r3rag.teachers import hf_teacher
+    from r3rag.synthesis.teachers import hf_teacher
+    from r3rag.training.modeling import tiny_model, train_word_tokenizer
 
     qs = train_questions(runs, 3)
     tok = train_word_tokenizer([q["question"] for q in qs])
@@ -254,7 +254,7 @@ def test_oracle_on_real_musique_follows_decompositions_through_bm25(shared_root,
     from r3rag.data.importers import import_questions
     from r3rag.retrieval.bm25 import BM25Retriever
     from r3rag.stages.synthesize import Config, attempt_loop
-    from r3rag.teachers import oracle_teacher
+    from r3rag.synthesis.teachers import oracle_teacher
 
     qs, _ = import_questions(shared_root / "musique/train_hipporag_sample.jsonl", limit=30)
     retriever = BM25Retriever.build(load_corpus(shared_root / "corpus/musique_context_pool.jsonl"))

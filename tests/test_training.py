@@ -2,13 +2,13 @@
 
 import torch
 
-from r3rag.env import EnvConfig, run_rollouts
+from r3rag.core.env import EnvConfig, run_rollouts
+from r3rag.core.protocol import Protocol
 from r3rag.generation.scripted import ScriptedGenerator
-from r3rag.grpo import rollout_batch
-from r3rag.modeling import tiny_model, train_word_tokenizer
-from r3rag.protocol import Protocol
 from r3rag.retrieval.bm25 import BM25Retriever
-from r3rag.training import IGNORE, tokenize_trajectory
+from r3rag.rl.grpo import rollout_batch
+from r3rag.training.helpers import IGNORE, tokenize_trajectory
+from r3rag.training.modeling import tiny_model, train_word_tokenizer
 
 DOCS = [
     {"id": "p1", "title": "Ava Smith", "text": "Ava Smith works for Zentro Labs ."},
@@ -53,7 +53,7 @@ def test_masked_tokens_get_no_gradient(tmp_path):
     from datasets import Dataset
     from trl import SFTConfig
 
-    from r3rag.trainers import FastSFTTrainer
+    from r3rag.training.trainers import FastSFTTrainer
 
     tok, traj = _setup()
     ids, labels = tokenize_trajectory(traj.to_json(), tok)
@@ -87,7 +87,7 @@ def test_masked_tokens_get_no_gradient(tmp_path):
 
 
 def test_per_step_view_one_sample_per_step_with_loss_on_that_step_only():
-    from r3rag.training import tokenize_steps
+    from r3rag.training.helpers import tokenize_steps
 
     r3 = Protocol(name="r3rag", doc_style="plain")
     script = [
@@ -121,9 +121,9 @@ def test_per_step_view_one_sample_per_step_with_loss_on_that_step_only():
 def test_only_a_qa_readers_documents_go_back_into_its_prompt():
     """A searching policy's documents stay in their environment turns (the prompt is the question);
     a qa reader's single retrieval is part of its prompt, as eval's rag mode builds it."""
-    from r3rag.env import Trajectory
-    from r3rag.protocol import Hit
-    from r3rag.training import framed_prompt
+    from r3rag.core.env import Trajectory
+    from r3rag.core.protocol import Hit
+    from r3rag.training.helpers import framed_prompt
 
     tok, traj = _setup()
     assert framed_prompt(traj, tok, P) == traj.prompt == P.prompt(traj.question)
@@ -146,7 +146,7 @@ def test_bf16_auto_on_cpu_follows_the_hardware(monkeypatch):
     """auto = bf16 only where the CPU has it natively: emulated bf16 is ~25x slower than fp32."""
     import torch
 
-    from r3rag.training import device_flags
+    from r3rag.training.helpers import device_flags
 
     # the private torch internals cpu_has_bf16 relies on: a torch without them reads as "no bf16"
     assert callable(torch.cpu._is_avx512_bf16_supported) and callable(torch.cpu._is_amx_tile_supported)
@@ -164,7 +164,7 @@ def test_fast_sft_loss_equals_trl_loss_on_a_batch(tmp_path):
     from datasets import Dataset
     from trl import SFTConfig, SFTTrainer
 
-    from r3rag.trainers import FastSFTTrainer
+    from r3rag.training.trainers import FastSFTTrainer
 
     tok, traj = _setup()
     ids, labels = tokenize_trajectory(traj.to_json(), tok)
@@ -193,7 +193,7 @@ def test_grpo_logps_without_padding_equal_trls_on_the_padded_batch(tmp_path, mon
     from datasets import Dataset
     from trl import GRPOConfig, GRPOTrainer
 
-    import r3rag.trainers as trainers
+    import r3rag.training.trainers as trainers
 
     tok, traj = _setup()
     ids, _ = tokenize_trajectory(traj.to_json(), tok)
@@ -231,7 +231,7 @@ def test_grpo_logps_without_padding_equal_trls_on_the_padded_batch(tmp_path, mon
 def test_batched_tokenisation_gives_the_ids_one_encode_per_text_gives():
     """sft encodes every text in one batch call (tokenize_rows); the samples must be exactly what
     tokenize_trajectory / tokenize_steps give row by row, in both views, cut at max_length too."""
-    from r3rag.training import tokenize_rows, tokenize_steps
+    from r3rag.training.helpers import tokenize_rows, tokenize_steps
 
     tok, traj = _setup()
     other = traj.to_json() | {"id": "q2", "question": "Where is Velmar ?", "prompt": "Question : Where is Velmar ?\n"}

@@ -1,4 +1,4 @@
-"""GRPO's settings are typed beside the trainer (r3rag.grpo_settings) and the sub-settings the
+"""GRPO's settings are typed beside the trainer (r3rag.rl.settings) and the sub-settings the
 stages share (env, question source) are one dataclass each: what grpo reads is declared there,
 a misspelled choice is one line naming the allowed values, and the stages agree on the keys."""
 
@@ -9,13 +9,13 @@ from pathlib import Path
 import pytest
 
 import r3rag
-from r3rag.config import build_config
-from r3rag.env import EnvSettings
-from r3rag.errors import UserError
-from r3rag.grpo_settings import GRPOSettings
+from r3rag.core.env import EnvSettings
+from r3rag.rl.settings import GRPOSettings
 from r3rag.stages import eval as eval_stage
 from r3rag.stages import rl, synthesize
 from r3rag.stages.common import QuestionSource
+from r3rag.util.config import build_config
+from r3rag.util.errors import UserError
 
 SRC = Path(r3rag.__file__).parent
 
@@ -35,10 +35,10 @@ def _cfg_reads(path: Path) -> set[str]:
 
 def test_everything_grpo_reads_is_a_declared_grpo_setting():
     declared = {f.name for f in dataclasses.fields(GRPOSettings)} | {"env_config"}
-    for module in ("grpo.py", "grpo_settings.py"):
+    for module in ("rl/grpo.py", "rl/settings.py"):
         reads = _cfg_reads(SRC / module)
         assert reads and reads <= declared, (module, sorted(reads - declared))
-    assert "getattr(cfg" not in (SRC / "grpo.py").read_text() + (SRC / "grpo_settings.py").read_text()
+    assert "getattr(cfg" not in (SRC / "rl/grpo.py").read_text() + (SRC / "rl/settings.py").read_text()
 
 
 @pytest.mark.parametrize(
@@ -59,7 +59,7 @@ def test_a_misspelled_grpo_choice_is_one_line_naming_the_allowed_values(key, val
 
 
 def test_settings_built_in_code_are_checked_the_same_way():
-    from r3rag.rewards import R3ragWeights, RewardSettings
+    from r3rag.rl.rewards import R3ragWeights, RewardSettings
 
     with pytest.raises(UserError, match=r"^rl\.loss_type: unknown value 'dapoo' \(allowed: dapo, "):
         rl.Config(loss_type="dapoo")
@@ -96,8 +96,8 @@ def test_the_stages_share_one_env_and_one_question_source():
 
 
 def test_synthesize_and_eval_systems_choose_a_protocol_with_the_same_keys():
-    from r3rag.protocol import Protocol, ProtocolSettings
-    from r3rag.systems import SystemSpec
+    from r3rag.core.protocol import Protocol, ProtocolSettings
+    from r3rag.evaluation.systems import SystemSpec
 
     assert issubclass(synthesize.Config, ProtocolSettings) and issubclass(SystemSpec, ProtocolSettings)
     assert synthesize.Config().chat is False and SystemSpec().chat is True  # instruct models are the usual systems
@@ -108,9 +108,9 @@ def test_synthesize_and_eval_systems_choose_a_protocol_with_the_same_keys():
 
 
 def test_the_judge_and_endpoint_systems_share_one_endpoint_settings_with_flat_keys():
-    from r3rag.endpoint import EndpointSettings
-    from r3rag.judge import JudgeSpec
-    from r3rag.systems import SystemSpec
+    from r3rag.evaluation.judge import JudgeSpec
+    from r3rag.evaluation.systems import SystemSpec
+    from r3rag.generation.endpoint import EndpointSettings
 
     assert issubclass(JudgeSpec, EndpointSettings) and issubclass(SystemSpec, EndpointSettings)
     cfg = build_config(

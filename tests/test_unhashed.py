@@ -6,10 +6,10 @@ import dataclasses
 
 import pytest
 
-from r3rag.config import hashed_settings, hashed_when_set, unhashed
 from r3rag.stages import eval as eval_stage
 from r3rag.stages import rl, sft, synthesize, world
 from r3rag.stages.common import Context
+from r3rag.util.config import hashed_settings, hashed_when_set, unhashed
 
 # stage module, settings that only say how to run, a setting that changes what is made
 CASES = [

@@ -5,8 +5,8 @@ import json
 
 import pytest
 
-from r3rag.browser import chromium_path, dump_dom, screenshot
-from r3rag.report import write_viewer
+from r3rag.evaluation.browser import chromium_path, dump_dom, screenshot
+from r3rag.evaluation.report import write_viewer
 
 pytestmark = pytest.mark.skipif(
     chromium_path() is None,

@@ -10,8 +10,8 @@ from types import SimpleNamespace
 
 import pytest
 
-from r3rag.env import Trajectory
-from r3rag.modeling import train_word_tokenizer
+from r3rag.core.env import Trajectory
+from r3rag.training.modeling import train_word_tokenizer
 
 REPLY = "<answer> Velmar </answer>"
 
@@ -92,9 +92,9 @@ def test_rl_server_generator_reads_the_sampled_logprobs_back(fake_vllm):
 def test_eval_vllm_backend_loads_the_policy_weights_into_an_engine(pipeline_runs, fake_vllm, monkeypatch):
     import json
 
-    from r3rag.jsonl import read_jsonl
-    from r3rag.modeling import load_tokenizer
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
+    from r3rag.training.modeling import load_tokenizer
+    from r3rag.util.jsonl import read_jsonl
 
     runs, refs = pipeline_runs
     tok = load_tokenizer(refs["sft"].path / "model")
@@ -119,8 +119,8 @@ def test_eval_vllm_backend_loads_the_policy_weights_into_an_engine(pipeline_runs
 
 
 def test_eval_vllm_backend_refuses_two_sets_of_weights(pipeline_runs, fake_vllm):
-    from r3rag.errors import UserError
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
+    from r3rag.util.errors import UserError
 
     runs, refs = pipeline_runs
     with pytest.raises(UserError, match="one set of weights per eval.*sft, rl"):
@@ -167,8 +167,8 @@ def test_eval_vllm_backend_without_vllm_is_a_clear_error(pipeline_runs):
 
 
 def test_a_trajectory_over_the_engine_s_context_is_one_line_naming_the_setting(fake_vllm):
-    from r3rag.errors import UserError
     from r3rag.generation.vllm import LLMGenerator
+    from r3rag.util.errors import UserError
 
     tok = train_word_tokenizer(["Where is it ? Velmar Question :"])
     llm = FakeLLM("policy", reply=tok.encode(REPLY))
@@ -182,8 +182,8 @@ def test_a_trajectory_over_the_engine_s_context_is_one_line_naming_the_setting(f
 
 
 def test_an_engine_that_cannot_start_is_one_line(fake_vllm, monkeypatch):
-    from r3rag.errors import UserError
     from r3rag.generation.vllm import load_llm
+    from r3rag.util.errors import UserError
 
     def refuse(self, model, **kw):
         raise RuntimeError("Engine core initialization failed. See root cause above.\nFailed core proc(s): {}")
@@ -196,8 +196,8 @@ def test_an_engine_that_cannot_start_is_one_line(fake_vllm, monkeypatch):
 
 
 def test_an_engine_that_dies_mid_eval_is_one_line_and_the_rerun_resumes(pipeline_runs, fake_vllm, monkeypatch):
-    from r3rag.errors import UserError
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
+    from r3rag.util.errors import UserError
 
     errors = types.ModuleType("vllm.exceptions")
 

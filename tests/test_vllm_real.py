@@ -45,7 +45,7 @@ def searching_policy(vllm_installed, smollm2_runs, shared_root):
     """(runs, {stage: ref}): SmolLM2 after a short SFT cold start on real questions."""
     import yaml
 
-    from r3rag.pipeline import run_stages
+    from r3rag.experiments.pipeline import run_stages
 
     runs, model = smollm2_runs
     data = yaml.safe_load(PIPELINE.read_text())
@@ -55,7 +55,7 @@ def searching_policy(vllm_installed, smollm2_runs, shared_root):
 
 
 def _eval(runs, refs, *settings):
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
 
     pinned = [f"{s}={refs[s].path}" for s in ("world", "index", "sft")]
     ref = run_stage("eval", PIPELINE, [*EVAL, *pinned, *settings], runs)
@@ -86,9 +86,9 @@ def _greedy(llm, prompt_ids: list[int], n: int) -> list[int]:
 def test_grpo_colocate_trains_and_the_weights_reach_vllm(searching_policy, monkeypatch):
     import torch
 
-    from r3rag.modeling import load_model
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
     from r3rag.stages import rl as rl_stage
+    from r3rag.training.modeling import load_model
 
     runs, refs = searching_policy
     seen: dict = {}
@@ -140,15 +140,15 @@ def test_grpo_colocate_trains_and_the_weights_reach_vllm(searching_policy, monke
 
 
 def test_env_mask_is_the_same_from_vllm_and_transformers_rollouts(searching_policy):
-    from r3rag.env import EnvConfig, run_rollouts
+    from r3rag.core.env import EnvConfig, run_rollouts
+    from r3rag.core.protocol import Protocol
     from r3rag.generation.hf import HFGenerator
     from r3rag.generation.vllm import EnginePool, LLMGenerator
-    from r3rag.grpo import rollout_batch
-    from r3rag.jsonl import read_jsonl
-    from r3rag.modeling import load_policy
-    from r3rag.protocol import Protocol
     from r3rag.retrieval import open_retriever
-    from r3rag.training import load_protocol_dict
+    from r3rag.rl.grpo import rollout_batch
+    from r3rag.training.helpers import load_protocol_dict
+    from r3rag.training.modeling import load_policy
+    from r3rag.util.jsonl import read_jsonl
 
     runs, refs = searching_policy
     policy = refs["sft"].path

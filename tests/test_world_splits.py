@@ -120,10 +120,10 @@ def test_named_questions_answer_from_one_retrieval_chain_questions_do_not(world)
 
 
 def test_the_oracle_answers_a_named_question_with_one_search(world):
-    from r3rag.env import EnvConfig, run_rollouts
-    from r3rag.protocol import Protocol
+    from r3rag.core.env import EnvConfig, run_rollouts
+    from r3rag.core.protocol import Protocol
     from r3rag.retrieval.bm25 import BM25Retriever
-    from r3rag.teachers import oracle_generator, verify, verify_evidence
+    from r3rag.synthesis.teachers import oracle_generator, verify, verify_evidence
 
     protocol = Protocol(template="minimal", doc_style="plain")
     named = [q for q in world.test if q["metadata"]["type"] == "named"][:60]
@@ -144,8 +144,8 @@ def test_dev_and_named_settings_are_checked():
 
 
 def test_world_stage_writes_dev_and_probes_named_questions_apart(tmp_path):
-    from r3rag.jsonl import read_jsonl
-    from r3rag.pipeline import run_stage
+    from r3rag.experiments.pipeline import run_stage
+    from r3rag.util.jsonl import read_jsonl
     from tests.conftest import TINY_WORLD
 
     small = {**TINY_WORLD, "n_clusters": 6, "dev_clusters": 1, "named": 0.3}

@@ -7,7 +7,7 @@ Usage:
     with ChatServer(reply=WorldTeacher(questions, protocol="r3rag", wrong={"q7"})) as srv: ...
 """
 
-from r3rag.protocol import Protocol
+from r3rag.core.protocol import Protocol
 
 
 def question_of(body) -> str:
@@ -33,7 +33,7 @@ class WorldTeacher:
         )
 
     def __call__(self, body):
-        if body["messages"][0]["content"].startswith("You are checking an answer"):  # r3rag.judge
+        if body["messages"][0]["content"].startswith("You are checking an answer"):  # r3rag.evaluation.judge
             return f"It names the same place.\nFinal answer: {self.judge_says}"
         q = self.by_text[question_of(body)]
         if self.proto.r3:

@@ -13,8 +13,8 @@ from pathlib import Path
 
 import orjson
 
-from r3rag.errors import UserError
-from r3rag.jsonl import expect_object, parse_line, unique_by_id
+from r3rag.util.errors import UserError
+from r3rag.util.jsonl import expect_object, parse_line, unique_by_id
 
 
 def normalize_doc(row: dict, where: str) -> dict:

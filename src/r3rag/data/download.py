@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass
 from pathlib import Path
 
-from r3rag.errors import UserError
+from r3rag.util.errors import UserError
 
 OFFLINE_HINT = "point R3RAG_DATA at a local copy of the data (export R3RAG_DATA=/path/to/data)"
 MB = 1_000_000

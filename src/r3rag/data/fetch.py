@@ -32,7 +32,7 @@ from r3rag.data.download import Remote, download, file_sha256
 from r3rag.data.manifest import LOCK_NAME, Lock, Manifest, load_manifest
 from r3rag.data.outputs import write_outputs
 from r3rag.data.shared import SHARED, fetch_root
-from r3rag.errors import UserError
+from r3rag.util.errors import UserError
 
 
 def human(n: int) -> str:
@@ -53,7 +53,7 @@ def fetch(
     """Download and write the named data sets into `root`; returns the root."""
     from rich.console import Console
 
-    from r3rag.progress import Progress, say
+    from r3rag.util.progress import Progress, say
 
     m = load_manifest(manifest)
     names = m.resolve(names)
@@ -102,7 +102,7 @@ def ensure(names: list[str] | None = None, manifest: Path | None = None, console
 
 def _ask(m: Manifest, name: str, yes: bool, console, confirm) -> None:
     """A data set fetched only on request (wiki-18) states its size first, then needs a yes."""
-    from r3rag.progress import say
+    from r3rag.util.progress import say
 
     size = human(m.download_bytes(name))
     if confirm is None and not yes and sys.stdin.isatty():

@@ -5,7 +5,7 @@ instead of from a search. `GoldRetriever` looks a question's text up and returns
 so the rollout loop's `rag` mode (documents in a `qa` reader's prompt) runs it unchanged, in
 synthesis (reader training data) as in evaluation. Gold documents are `metadata.supporting_docs`
 (corpus ids: the synthetic world) or else `metadata.supporting_titles` (real data: the first
-corpus document with each title), matched as r3rag.gold_docs matches them. They come in an order shuffled per question id, so a reader
+corpus document with each title), matched as r3rag.core.gold_docs matches them. They come in an order shuffled per question id, so a reader
 learns to find the answering document by its names, not by its place.
 
 Usage::
@@ -18,9 +18,9 @@ from __future__ import annotations
 
 import random
 
-from r3rag.errors import UserError
-from r3rag.gold_docs import doc_key, require_gold_docs
-from r3rag.protocol import Hit
+from r3rag.core.gold_docs import doc_key, require_gold_docs
+from r3rag.core.protocol import Hit
+from r3rag.util.errors import UserError
 
 
 class GoldRetriever:

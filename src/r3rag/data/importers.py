@@ -28,8 +28,8 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from r3rag.data.flashrag import normalize_layout
-from r3rag.errors import UserError
-from r3rag.jsonl import expect_object, parse_line, unique_by_id
+from r3rag.util.errors import UserError
+from r3rag.util.jsonl import expect_object, parse_line, unique_by_id
 
 FORMATS = ("auto", "hotpotqa", "2wiki", "musique", "flashrag")
 _DATASET = {"hotpotqa": "hotpotqa", "2wiki": "2wikimultihopqa", "musique": "musique"}

@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from r3rag.errors import UserError
+from r3rag.util.errors import UserError
 
 REPO = Path(__file__).resolve().parents[3]
 MANIFEST = REPO / "data" / "flashrag.json"

@@ -27,8 +27,8 @@ import zipfile
 from pathlib import Path
 
 from r3rag.data.importers import convert_record, corpus_from_questions, write_atomic
-from r3rag.errors import UserError
-from r3rag.jsonl import parse_line
+from r3rag.util.errors import UserError
+from r3rag.util.jsonl import parse_line
 
 MB = 1_000_000
 

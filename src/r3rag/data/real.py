@@ -21,7 +21,7 @@ from pathlib import Path
 
 from r3rag.data.corpus import load_corpus
 from r3rag.data.importers import corpus_from_questions, import_questions
-from r3rag.errors import UserError
+from r3rag.util.errors import UserError
 
 SPLITS = ("train", "dev", "test")
 

@@ -20,7 +20,7 @@ from transformers import (
 )
 from transformers.generation.utils import GenerateDecoderOnlyOutput
 
-from r3rag.env import Generated, Trajectory
+from r3rag.core.env import Generated, Trajectory
 from r3rag.generation.prefix_cache import PrefixCacheStore
 
 # transformers 5.x renamed generate's `past_key_values` (argument and output field) to `cache`.

@@ -28,9 +28,9 @@ from __future__ import annotations
 
 from collections import defaultdict
 
-from r3rag.env import Generated, Trajectory
-from r3rag.errors import UserError
-from r3rag.protocol import ANSWER_OPEN, Protocol
+from r3rag.core.env import Generated, Trajectory
+from r3rag.core.protocol import ANSWER_OPEN, Protocol
+from r3rag.util.errors import UserError
 
 
 class EndpointError(UserError):

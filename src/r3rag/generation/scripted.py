@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from r3rag.env import Generated, Trajectory
+from r3rag.core.env import Generated, Trajectory
 
 
 class ScriptedGenerator:

@@ -26,14 +26,14 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass
 
-from r3rag.env import Generated, Trajectory
-from r3rag.errors import UserError
+from r3rag.core.env import Generated, Trajectory
+from r3rag.util.errors import UserError
 
 INSTALL_HINT = "make install-vllm on a CPU machine, pip install 'r3rag[vllm]' on a GPU one"
 
 
 def require_vllm(what: str) -> None:
-    from r3rag.extras import installed
+    from r3rag.util.extras import installed
 
     if not installed("vllm"):  # looked up, not imported: importing vLLM takes seconds
         raise UserError(f"{what}: vLLM is not installed ({INSTALL_HINT})")

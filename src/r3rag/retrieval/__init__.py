@@ -4,6 +4,11 @@ Usage:
     retriever = load_retriever(index_dir)        # reads index_dir/settings.json
     hits = retriever.search(["Ava Smith works"], k=3)
     retriever = open_retriever(cfg.retriever, inputs.get("index"))   # in a stage: URL or index artifact
+
+The package holds BM25 (`bm25`, built in bounded memory by `bm25_build` and `bm25_score`;
+`rank_bm25_backend`), dense (`dense`, `encode`, `faiss_index`), `hybrid`, the on-disk document store
+(`docstore`), prebuilt indexes, the HTTP server and its client (`server`, `serving`, `remote`) and
+retrieval metrics (`evaluate`). May import data/, core/ and util/.
 """
 
 from __future__ import annotations
@@ -11,7 +16,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from r3rag.errors import UserError
+from r3rag.util.errors import UserError
 
 
 def load_retriever(index_dir: str | Path):

@@ -30,10 +30,10 @@ import zlib
 from collections.abc import Sequence
 from pathlib import Path
 
-from r3rag.errors import UserError
-from r3rag.protocol import Hit
+from r3rag.core.protocol import Hit
 from r3rag.retrieval.bm25_build import stemmer_of as _stemmer
 from r3rag.retrieval.docstore import DocStore, link_store, open_docs, write_docstore
+from r3rag.util.errors import UserError
 
 # bm25s imports JAX when present; forking after that deadlocks (seen on GPU machines).
 sys.modules.setdefault("jax", None)

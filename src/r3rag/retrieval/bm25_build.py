@@ -8,7 +8,7 @@ passages). Here memory is bounded by the chunk and bucket sizes plus the vocabul
    bottleneck), its chunk-local token ids are mapped onto one shared vocabulary, and
    its (token, doc, term frequency) entries are written to the chunk's own files in the work
    directory, sorted by token, with the words it added to the vocabulary and its documents' lengths.
-2. Score: idf and the average length are now known. The vocabulary is cut into buckets of about
+2. Score (r3rag.retrieval.bm25_score): idf and the average length are now known. The vocabulary is cut into buckets of about
    `bucket_entries` entries; for each bucket, every chunk's slice of it is read back, ordered by
    (token, doc), scored and appended to the output, so the CSC arrays are written front to back.
 
@@ -38,7 +38,6 @@ Usage:
 from __future__ import annotations
 
 import itertools
-import json
 import multiprocessing as mp
 import os
 import shutil
@@ -55,17 +54,18 @@ import orjson
 
 sys.modules.setdefault("jax", None)  # bm25s imports JAX when present; forking after that deadlocks
 import bm25s  # noqa: E402
-from bm25s.scoring import _select_idf_scorer, _select_tfc_scorer  # noqa: E402 - its own formulas: bit-for-bit
 
-from r3rag.errors import UserError  # noqa: E402
+from r3rag.retrieval.bm25_score import SCRATCH, score_all, write_vocab_and_params  # noqa: E402
 from r3rag.retrieval.docstore import DocStore, rows_digest  # noqa: E402
+from r3rag.util.errors import UserError  # noqa: E402
 
 CHUNK_DOCS = 50_000  # ~25 MB of scratch entries and ~100-200 MB of Python token lists at 100 words a passage
 BUCKET_ENTRIES = 4_000_000  # ~70 bytes an entry while a bucket is scored: ~300 MB
-DELTA = 0.5  # bm25s' default delta (BM25L / BM25+)
 METHODS = ("lucene", "robertson", "atire", "bm25l", "bm25+")
-_SCRATCH = (("tok", "<i4"), ("doc", "<i4"), ("tf", "<f4"))  # a chunk's entries
-_DTYPES = {**dict(_SCRATCH), "len": "<i4"}  # ... and its documents' lengths
+_DTYPES = {
+    **dict(SCRATCH),
+    "len": "<i4",
+}  # a chunk's entries and its documents' lengths  # ... and its documents' lengths
 FORMAT, VERSION = "r3rag-bm25-chunks", 1  # the work directory's layout
 _META = "bm25-chunks.json"  # the work directory's settings: chunks made with others are not reused
 _STAGING = "bm25-index.partial"  # the index being written, inside the work directory
@@ -130,7 +130,7 @@ class _Chunks:
             return False
         if not isinstance(marker, dict) or (marker.get("rows"), marker.get("digest")) != (list(rows), digest):
             return False
-        want = {ext: 4 * marker.get("entries", -1) for ext, _ in _SCRATCH}
+        want = {ext: 4 * marker.get("entries", -1) for ext, _ in SCRATCH}
         want.update(len=4 * (rows[1] - rows[0]), words=marker.get("words_bytes"))
         return sizes == want
 
@@ -285,83 +285,6 @@ def _tokenize_all(docs: Sequence[dict], chunks: _Chunks, stopwords, stemmer, chu
     return vocab, df, np.concatenate(lengths), len(todo), len(ranges)
 
 
-def _buckets(df: np.ndarray, bucket_entries: int) -> np.ndarray:
-    """Token-id boundaries of buckets of about `bucket_entries` entries (a bucket holds at least one token)."""
-    ends = np.cumsum(df)
-    bounds = [0]
-    while bounds[-1] < len(df):
-        done = ends[bounds[-1] - 1] if bounds[-1] else 0
-        nxt = int(np.searchsorted(ends, done + bucket_entries, side="right"))
-        bounds.append(max(nxt, bounds[-1] + 1))
-    return np.asarray(bounds, dtype=np.int64)
-
-
-class _NpyWriter:
-    """A 1-D .npy file written front to back by plain writes (a memory map would count in the RSS)."""
-
-    def __init__(self, path: Path, dtype, n: int):
-        self.f = open(path, "wb")
-        header = {"descr": np.lib.format.dtype_to_descr(np.dtype(dtype)), "fortran_order": False, "shape": (n,)}
-        np.lib.format.write_array_header_1_0(self.f, header)
-        self.dtype, self.left = np.dtype(dtype), n
-
-    def write(self, arr: np.ndarray) -> None:
-        self.f.write(np.ascontiguousarray(arr, dtype=self.dtype).tobytes())
-        self.left -= len(arr)
-
-    def close(self) -> None:
-        self.f.close()
-        if self.left:
-            raise RuntimeError(f"{self.f.name}: {self.left} entries short")  # a bug, not bad input
-
-
-def _idf_arrays(df: np.ndarray, n_docs: int, avg, params: dict) -> tuple[np.ndarray, np.ndarray | None]:
-    """idf per token, and BM25L/BM25+'s non-occurrence score, as bm25s' _build_idf_array and
-    _build_nonoccurrence_array compute them (one scalar call a token, stored as float32) without
-    their {token: df} dict, which costs ~100 bytes a vocabulary entry."""
-    idf_fn = _select_idf_scorer(params["method"])
-    idf = np.fromiter((idf_fn(d, N=n_docs) for d in df.tolist()), dtype=np.float64, count=len(df))
-    if params["method"] not in ("bm25l", "bm25+"):
-        return idf.astype(np.float32), None
-    tfc = _select_tfc_scorer(params["method"])(0, avg, avg, params["k1"], params["b"], DELTA)
-    return idf.astype(np.float32), (idf * tfc).astype(np.float32)
-
-
-def _score_all(chunks: _Chunks, out: Path, df, doc_len, params: dict, bucket_entries: int) -> None:
-    """Phase 2: the CSC arrays (token-major, docs ascending), scored bucket by bucket."""
-    n_docs, method = len(doc_len), params["method"]
-    avg = np.float64(int(doc_len.sum(dtype=np.int64))) / n_docs  # as bm25s: np.mean of the int lengths
-    idf, nonocc = _idf_arrays(df, n_docs, avg, params)
-    if nonocc is not None:
-        np.save(out / "nonoccurrence_array.index.npy", nonocc)
-    tfc = _select_tfc_scorer(method)
-    bounds = _buckets(df, bucket_entries)
-    # Where each bucket starts inside each chunk (chunk entries are sorted by token).
-    n_chunks = -(-len(doc_len) // int(chunks.meta["chunk_docs"]))
-    cuts = [np.searchsorted(chunks.read(i, "tok"), bounds) for i in range(n_chunks)]
-    nnz = int(df.sum())
-    data = _NpyWriter(out / "data.csc.index.npy", np.float32, nnz)
-    indices = _NpyWriter(out / "indices.csc.index.npy", np.int32, nnz)
-    for j in range(len(bounds) - 1):
-        parts = {
-            name: [chunks.read(i, name, int(c[j]), int(c[j + 1])) for i, c in enumerate(cuts)] for name, _ in _SCRATCH
-        }
-        tok, doc, tf = (np.concatenate(parts[name]) for name, _ in _SCRATCH)
-        del parts
-        order = np.argsort(tok, kind="stable")  # chunks come in doc order: stable keeps docs ascending
-        tok, doc, tf = tok[order], doc[order], tf[order]
-        scores = idf[tok] * tfc(tf_array=tf, l_d=doc_len[doc], l_avg=avg, k1=params["k1"], b=params["b"], delta=DELTA)
-        if nonocc is not None:
-            scores -= nonocc[tok]
-        data.write(scores.astype(np.float32))
-        indices.write(doc)
-    data.close()
-    indices.close()
-    indptr = np.zeros(len(df) + 1, dtype=np.int64)
-    np.cumsum(df, out=indptr[1:])
-    np.save(out / "indptr.csc.index.npy", indptr)
-
-
 def build_bm25_files(
     docs: Sequence[dict],
     out: Path,
@@ -396,8 +319,8 @@ def build_bm25_files(
         vocab, df, doc_len, tokenized, n_chunks = _tokenize_all(docs, chunks, stopwords, stemmer, chunk_docs, workers)
         staging = work / _STAGING
         staging.mkdir()
-        _score_all(chunks, staging, df, doc_len, {"k1": k1, "b": b, "method": method}, bucket_entries)
-        _write_vocab_and_params(staging, vocab, len(doc_len), k1, b, method)
+        score_all(chunks, staging, df, doc_len, {"k1": k1, "b": b, "method": method}, bucket_entries)
+        write_vocab_and_params(staging, vocab, len(doc_len), k1, b, method)
     except BaseException:
         if not chunks.finished():  # nothing a rerun could resume from: leave no work folder behind
             chunks.remove()
@@ -406,14 +329,3 @@ def build_bm25_files(
     os.replace(staging, out)  # complete or absent: nothing half-written is ever at `out`
     chunks.remove()  # as large as the index: not kept once it is published
     return {"chunks": n_chunks, "tokenized_chunks": tokenized}
-
-
-def _write_vocab_and_params(folder: Path, vocab: dict, n_docs: int, k1: float, b: float, method: str) -> None:
-    if "" not in vocab:  # as BM25.index(create_empty_token=True): "" past the last row of the matrix
-        vocab[""] = len(vocab)
-    (folder / "vocab.index.json").write_bytes(orjson.dumps(vocab))
-    params = {
-        "k1": k1, "b": b, "delta": DELTA, "method": method, "idf_method": method, "dtype": "float32",
-        "int_dtype": "int32", "num_docs": n_docs, "version": bm25s.__version__, "backend": "numpy",
-    }  # fmt: skip
-    (folder / "params.index.json").write_text(json.dumps(params, indent=4))

@@ -34,13 +34,13 @@ from typing import TYPE_CHECKING
 import numpy as np
 import torch
 
-from r3rag.errors import UserError
-from r3rag.jsonl import write_jsonl
-from r3rag.protocol import Hit
+from r3rag.core.protocol import Hit
 from r3rag.retrieval import faiss_index
 from r3rag.retrieval.docstore import FILES as DOCSTORE_FILES
 from r3rag.retrieval.docstore import DocStore, open_docs
 from r3rag.retrieval.encode import encode_corpus
+from r3rag.util.errors import UserError
+from r3rag.util.jsonl import write_jsonl
 
 if TYPE_CHECKING:
     import faiss
@@ -119,7 +119,7 @@ class Encoder:
 
 
 class _EncodingProgress:
-    """Progress over encoding a corpus (r3rag.progress; `n` = 0: none), batch by batch: `encoder`
+    """Progress over encoding a corpus (r3rag.util.progress; `n` = 0: none), batch by batch: `encoder`
     advances it by each batch it encodes; `on_chunk` (encode_corpus's progress, called for every
     chunk) counts a chunk that was on disk already (a resumed build) without timing it."""
 
@@ -131,7 +131,7 @@ class _EncodingProgress:
         if self.n:
             from rich.console import Console
 
-            from r3rag.progress import Progress
+            from r3rag.util.progress import Progress
 
             self.progress = Progress(Console(stderr=True)).__enter__()
             self.task = self.progress.add_task("index: encoding", total=self.n, unit="passages")

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import numpy as np
 
-from r3rag.errors import UserError
+from r3rag.util.errors import UserError
 
 FORMAT, VERSION = "r3rag-docstore", 1
 FILES = ("docs.bin", "offsets.i64", "idhash.u64", "idrow.i64", "meta.json")  # a store's files, meta.json last
@@ -333,6 +333,6 @@ def open_docs(index_dir: Path, name: str = "docs"):
     """The documents saved beside an index: a store `name/`, or (older indexes) `name.jsonl` as a list."""
     if (index_dir / name).is_dir():
         return DocStore(index_dir / name)
-    from r3rag.jsonl import read_jsonl
+    from r3rag.util.jsonl import read_jsonl
 
     return read_jsonl(index_dir / f"{name}.jsonl")

@@ -27,8 +27,8 @@ from pathlib import Path
 
 import numpy as np
 
-from r3rag.durable import fsync_path
-from r3rag.errors import UserError
+from r3rag.util.durable import fsync_path
+from r3rag.util.errors import UserError
 
 META = "meta.json"
 

@@ -1,6 +1,6 @@
 """Retrieval quality on QA sets with gold passages: passage recall@k and answer recall@k.
 
-A question's gold passages follow r3rag.gold_docs, the rule every stage uses: corpus ids in
+A question's gold passages follow r3rag.core.gold_docs, the rule every stage uses: corpus ids in
 `metadata.supporting_docs` (the synthetic world), else titles in `metadata.supporting_titles`, plus
 here the titles of `metadata.paragraphs` entries flagged `is_supporting` (raw HotpotQA, MuSiQue,
 2Wiki files; `r3rag import` already folds those into supporting_titles). recall@k = the share of a
@@ -21,11 +21,11 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from r3rag.errors import UserError
-from r3rag.gold_docs import GoldDocs, doc_key, gold_docs
-from r3rag.jsonl import iter_numbered, unique_by_id
-from r3rag.metrics import normalize_answer
-from r3rag.protocol import Hit
+from r3rag.core.gold_docs import GoldDocs, doc_key, gold_docs
+from r3rag.core.metrics import normalize_answer
+from r3rag.core.protocol import Hit
+from r3rag.util.errors import UserError
+from r3rag.util.jsonl import iter_numbered, unique_by_id
 
 
 def load_hop_queries(path: str | Path) -> dict[str, list[str]]:

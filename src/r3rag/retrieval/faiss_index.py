@@ -36,9 +36,9 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from r3rag.durable import fsync_path
-from r3rag.errors import UserError
-from r3rag.extras import require
+from r3rag.util.durable import fsync_path
+from r3rag.util.errors import UserError
+from r3rag.util.extras import require
 
 if TYPE_CHECKING:
     import faiss

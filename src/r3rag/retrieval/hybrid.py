@@ -14,10 +14,10 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from r3rag.jsonl import read_jsonl, write_jsonl
-from r3rag.protocol import Hit
+from r3rag.core.protocol import Hit
 from r3rag.retrieval.bm25 import BM25Retriever
 from r3rag.retrieval.dense import DenseRetriever
+from r3rag.util.jsonl import read_jsonl, write_jsonl
 
 
 def rrf_fuse(ranked_lists: list[list[Hit]], k: int, rrf_k: int = 60) -> list[Hit]:

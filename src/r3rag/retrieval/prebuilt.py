@@ -25,9 +25,9 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from r3rag.errors import UserError
 from r3rag.retrieval.dense import DEFAULT_ENCODER, DenseRetriever
 from r3rag.retrieval.docstore import DocStore, import_corpus
+from r3rag.util.errors import UserError
 
 # How Search-R1's retrieval server embeds a query for its E5 index (FlashRAG's settings for e5).
 E5_QUERY = {

@@ -18,11 +18,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from r3rag.extras import require
-from r3rag.jsonl import read_jsonl, write_jsonl
-from r3rag.protocol import Hit
+from r3rag.core.protocol import Hit
 from r3rag.retrieval.bm25 import bm25s
 from r3rag.retrieval.bm25_build import stemmer_of as _stemmer
+from r3rag.util.extras import require
+from r3rag.util.jsonl import read_jsonl, write_jsonl
 
 if TYPE_CHECKING:
     from rank_bm25 import BM25Okapi

@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 
 import orjson
 
-from r3rag.errors import UserError
-from r3rag.protocol import Hit
+from r3rag.core.protocol import Hit
+from r3rag.util.errors import UserError
 
 FALLBACK_MAX_BATCH = 512
 _JSON = {"content-type": "application/json"}

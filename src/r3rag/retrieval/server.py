@@ -56,7 +56,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import orjson
 
-from r3rag.extras import require
+from r3rag.util.extras import require
 
 # The [server] extra, checked before server_guards imports uvicorn: without it, `r3rag serve-retriever`
 # stops with one line naming the extra (this module is imported only when a server is wanted).
@@ -340,7 +340,7 @@ def running(
 def bind_socket(host: str, port: int, reuse_port: bool = False) -> socket.socket:
     """A TCP socket bound (not listening) to host:port (0 = any free port); `reuse_port` lets a group of
     worker processes share the port. A taken port is a UserError naming it."""
-    from r3rag.errors import UserError
+    from r3rag.util.errors import UserError
 
     # IPPROTO_TCP explicitly: asyncio sets TCP_NODELAY only on sockets that say so (else +40 ms per request)
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM, socket.IPPROTO_TCP)

@@ -57,7 +57,7 @@ def _serve_workers(index_dir, host: str, port: int, workers: int, options: dict,
     import multiprocessing as mp
     from multiprocessing.connection import wait
 
-    from r3rag.errors import UserError
+    from r3rag.util.errors import UserError
 
     if not hasattr(socket, "SO_REUSEPORT"):
         raise UserError("serve-retriever: --workers needs SO_REUSEPORT (Linux, BSD, macOS)")
@@ -96,7 +96,7 @@ def _serve_workers(index_dir, host: str, port: int, workers: int, options: dict,
 def _refuse_if_answered(host: str, port: int) -> None:
     """SO_REUSEPORT lets a second server of the same user bind a port that another `--workers` server
     holds, and they would split its connections: refuse a port where something already answers."""
-    from r3rag.errors import UserError
+    from r3rag.util.errors import UserError
 
     if not port:
         return
@@ -116,7 +116,7 @@ def _await_workers(procs, ready, timeout: float = 600.0) -> int:
     """Wait until every worker has loaded the index and listens; a worker's error is raised here."""
     import queue
 
-    from r3rag.errors import UserError
+    from r3rag.util.errors import UserError
 
     docs, waiting, deadline = None, len(procs), time.monotonic() + timeout
     while waiting:
@@ -139,8 +139,8 @@ def _worker(index_dir: str, host: str, port: int, parent: int, ready, options: d
     """One server process: load the index (memory-mapped), listen on the shared port, serve."""
     import uvicorn
 
-    from r3rag.errors import UserError
     from r3rag.retrieval import load_retriever
+    from r3rag.util.errors import UserError
 
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     os.setpgrp()  # out of the terminal's group: Ctrl-C reaches the parent only, which stops us all in order

@@ -13,13 +13,16 @@ Usage:
     cfg = module.Config(epochs=2)
     STAGES["sft"]                           # the first paragraph of r3rag.stages.sft's docstring
     stage_module("sfx")                     # UserError: unknown stage 'sfx' (known: model, world, ...)
+
+A stage wires the packages below it (rl/, evaluation/, synthesis/, training/, generation/,
+retrieval/, data/, core/, util/) into one artifact; experiments/ and cli/ run the stages.
 """
 
 from __future__ import annotations
 
 from types import ModuleType
 
-from r3rag.errors import UserError
+from r3rag.util.errors import UserError
 
 # The order a pipeline runs its stages in (`r3rag run`); `report` reads eval artifacts and is run on its own.
 STAGE_ORDER = ("model", "world", "index", "synthesize", "base", "sft", "rl", "eval")

@@ -28,12 +28,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from r3rag.artifacts import work_dir
-from r3rag.checkpoints import check_save_steps, prepare_work, step_of
-from r3rag.config import unhashed
-from r3rag.errors import UserError
-from r3rag.jsonl import read_jsonl
+from r3rag.core.artifacts import work_dir
 from r3rag.stages.common import Context, process_state, resolve_inputs, set_threads
+from r3rag.training.checkpoints import check_save_steps, prepare_work, step_of
+from r3rag.util.config import unhashed
+from r3rag.util.errors import UserError
+from r3rag.util.jsonl import read_jsonl
 
 INPUTS = {"world": "world"}
 
@@ -116,7 +116,7 @@ def _bigrams(text: str) -> set[str]:
 
 
 def _fresh_model(cfg: Config, world_ref):
-    from r3rag import modeling
+    from r3rag.training import modeling
 
     vocab = (world_ref.path / "vocab.txt").read_text().split()
     tokenizer = modeling.train_word_tokenizer([" ".join(vocab), "Question :"])
@@ -137,9 +137,9 @@ def train_lm(model, tokenizer, texts: list[str], cfg: Config, work: Path, resume
     from datasets import Dataset
     from trl import SFTConfig
 
-    from r3rag.observe import TrainClock, show_progress
-    from r3rag.trainers import FastSFTTrainer
-    from r3rag.training import checkpointing_flag, device_flags, save_flags
+    from r3rag.training.helpers import checkpointing_flag, device_flags, save_flags
+    from r3rag.training.observe import TrainClock, show_progress
+    from r3rag.training.trainers import FastSFTTrainer
 
     seqs = pack(texts, tokenizer, cfg.max_length)
     if not seqs:

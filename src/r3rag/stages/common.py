@@ -19,16 +19,24 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
 
-from r3rag.artifacts import FILE, ArtifactRef, ArtifactWriter, default_runs_dir, file_sha256, load_manifest, resolve
-from r3rag.build_lock import ArtifactBusy, BuildLock
-from r3rag.config import hashed_settings
-from r3rag.errors import UserError
-from r3rag.jsonl import iter_numbered, read_jsonl, unique_by_id
+from r3rag.core.artifacts import (
+    FILE,
+    ArtifactRef,
+    ArtifactWriter,
+    default_runs_dir,
+    file_sha256,
+    load_manifest,
+    resolve,
+)
+from r3rag.core.build_lock import ArtifactBusy, BuildLock
+from r3rag.util.config import hashed_settings
+from r3rag.util.errors import UserError
+from r3rag.util.jsonl import iter_numbered, read_jsonl, unique_by_id
 
 if TYPE_CHECKING:
     from rich.console import Console
 
-    from r3rag.progress import Progress
+    from r3rag.util.progress import Progress
 
 
 def _stderr_console() -> Console:
@@ -53,7 +61,7 @@ class Context:
     console: Console = field(default_factory=_stderr_console)
     writers: list[ArtifactWriter] = field(default_factory=list)  # this command's, for `tidy_on_failure`
     status_only: bool = False  # `r3rag run --status`: find artifacts, build nothing (NotBuilt)
-    # An artifact another process is building (r3rag.build_lock): wait for it and reuse it, or
+    # An artifact another process is building (r3rag.core.build_lock): wait for it and reuse it, or
     # (a `run --jobs` worker) raise ArtifactBusy and build something else meanwhile.
     busy: Literal["wait", "skip"] = "wait"
     locks: list[BuildLock] = field(default_factory=list)  # held until the stage returns
@@ -122,10 +130,10 @@ class Context:
         return w.ref
 
     def progress(self) -> Progress:
-        """A long loop's progress (r3rag.progress): a rich display with rate and ETA on a terminal,
+        """A long loop's progress (r3rag.util.progress): a rich display with rate and ETA on a terminal,
         a plain line at most every LINE_SECONDS in a log file."""
         # Imported here: `r3rag <stage> --help` imports this module, and needs no progress display.
-        from r3rag.progress import Progress
+        from r3rag.util.progress import Progress
 
         return Progress(self.console)
 

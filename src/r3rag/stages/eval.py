@@ -4,7 +4,7 @@ Systems (`systems`, evaluated in order):
 - built-ins: `direct` (answer with no retrieval), `rag` (retrieve top-k with the question,
   answer once) — both run `baseline_policy` with the answer forced —, `sft` and `rl` (the
   trained policies, searching step by step);
-- any name defined under `models` (see r3rag.systems): a policy artifact, any transformers
+- any name defined under `models` (see r3rag.evaluation.systems): a policy artifact, any transformers
   model (prompted, in its chat template), an OpenAI-compatible endpoint, or a scripted baseline.
 
 Questions: the world artifact's `split`, or an imported file (`questions: path`, what
@@ -21,7 +21,7 @@ Writes `predictions.jsonl`, `metrics.json` (`{"systems": {label: {"em", "f1", "n
 data set with 95% intervals; with `compare_to: [sft, rl]`, each system's EM difference from those
 over the same questions, with a paired-bootstrap interval), and prints a table.
 
-Resumable: each finished chunk of questions is journaled (r3rag.eval_resume); rerunning a killed
+Resumable: each finished chunk of questions is journaled (r3rag.evaluation.resume); rerunning a killed
 eval with the same settings generates only what is left, and writes what a straight run would.
 
 Usage:
@@ -45,17 +45,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from r3rag.artifacts import ArtifactRef, journal_file, resolve
-from r3rag.config import unhashed
-from r3rag.env import EnvSettings, run_rollouts
-from r3rag.errors import UserError
-from r3rag.eval_metrics import print_table, stage_seconds, summarize, to_prediction
-from r3rag.eval_resume import EvalChunks
-from r3rag.eval_tables import comparison_table, dataset_table, paired_comparisons
+from r3rag.core.artifacts import ArtifactRef, journal_file, resolve
+from r3rag.core.env import EnvSettings, run_rollouts
+from r3rag.evaluation.judge import AnswerJudge, JudgeSpec
+from r3rag.evaluation.predictions import print_table, stage_seconds, summarize, to_prediction
+from r3rag.evaluation.resume import EvalChunks
+from r3rag.evaluation.systems import System, SystemSpec, check_spec, is_policy_artifact, load_system, weights_source
+from r3rag.evaluation.tables import comparison_table, dataset_table, paired_comparisons
 from r3rag.generation.vllm import EnginePool, EngineSettings
-from r3rag.journal import Journal
-from r3rag.jsonl import read_jsonl, write_jsonl
-from r3rag.judge import AnswerJudge, JudgeSpec
 from r3rag.retrieval import is_url, open_retriever
 from r3rag.stages.common import (
     FILE,
@@ -66,7 +63,10 @@ from r3rag.stages.common import (
     resolve_inputs,
     set_threads,
 )
-from r3rag.systems import System, SystemSpec, check_spec, is_policy_artifact, load_system, weights_source
+from r3rag.util.config import unhashed
+from r3rag.util.errors import UserError
+from r3rag.util.journal import Journal
+from r3rag.util.jsonl import read_jsonl, write_jsonl
 
 INPUTS = {"world": "world", "questions": FILE, "index": "index", "sft": "sft", "rl": "rl"}
 BUILTINS = {"direct": "direct", "rag": "rag", "gold": "gold", "sft": "iterative", "rl": "iterative"}
@@ -299,7 +299,7 @@ def evaluate_system(
     system: System, questions: list[dict], retriever, cfg: Config, ctx: Context, label: str, chunks: EvalChunks
 ) -> tuple[list[dict], float]:
     """Prediction rows (one per question and sample) and the seconds they took (every leg of a
-    resumed eval). Each finished chunk is journaled (r3rag.eval_resume): a killed eval resumes."""
+    resumed eval). Each finished chunk is journaled (r3rag.evaluation.resume): a killed eval resumes."""
     mode = "rag" if system.mode == "gold" else system.mode  # the gold retriever stands in for the search
     env_cfg = cfg.env_config(mode, top_k=system.top_k)  # a system's own depth (rag3, rag5) wins over eval's
     n_samples = cfg.n_samples if cfg.temperature > 0 else 1

@@ -37,10 +37,10 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Literal
 
-from r3rag.artifacts import file_sha256, resolve, work_dir
+from r3rag.core.artifacts import file_sha256, resolve, work_dir
 from r3rag.data.corpus import load_corpus
-from r3rag.errors import UserError
 from r3rag.stages.common import Context
+from r3rag.util.errors import UserError
 
 INPUTS = {"world": "world"}
 BACKENDS = ("bm25", "rank-bm25", "dense", "hybrid")

@@ -29,8 +29,8 @@ import re
 import time
 from dataclasses import dataclass
 
-from r3rag.errors import UserError
 from r3rag.stages.common import Context, file_input, set_threads
+from r3rag.util.errors import UserError
 
 INPUTS: dict[str, str] = {}
 
@@ -44,7 +44,7 @@ class Config:
 
 
 def validate(cfg: Config) -> None:
-    from r3rag.model_import import DTYPES
+    from r3rag.training.model_import import DTYPES
 
     if cfg.dtype not in DTYPES:
         raise UserError(f"model.dtype: expected one of {', '.join(DTYPES)}, got {cfg.dtype!r}")
@@ -58,7 +58,7 @@ def default_name(source: str) -> str:
 
 
 def run(cfg: Config, ctx: Context):
-    from r3rag.model_import import gguf_architecture, is_gguf_source, locate_source
+    from r3rag.training.model_import import gguf_architecture, is_gguf_source, locate_source
 
     validate(cfg)
     if not is_gguf_source(cfg.source):
@@ -104,13 +104,13 @@ def _run_pointer(cfg: Config, ctx: Context):
 
 
 def _load(gguf, dtype: str):
-    from r3rag.model_import import load_gguf
+    from r3rag.training.model_import import load_gguf
 
     return load_gguf(gguf, dtype)
 
 
 def _lineage(gguf, source, model, tokenizer, dtype: str, seconds: float) -> dict:
-    from r3rag.model_import import gguf_architecture
+    from r3rag.training.model_import import gguf_architecture
 
     return {
         "source_file": str(gguf.resolve()),

@@ -17,10 +17,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from r3rag.artifacts import resolve
-from r3rag.errors import UserError
-from r3rag.report import collect_rows, plot_bars, rich_table, write_csv, write_markdown, write_viewer
+from r3rag.core.artifacts import resolve
+from r3rag.evaluation.report import collect_rows, plot_bars, rich_table, write_csv, write_markdown, write_viewer
 from r3rag.stages.common import Context
+from r3rag.util.errors import UserError
 
 INPUTS: dict[str, str] = {}  # the eval artifacts come as a list: see `evals`
 
@@ -49,7 +49,7 @@ def run(cfg: Config, ctx: Context):
         plot_bars(rows, writer.dir / "em_f1.png")
         n = write_viewer([r.path for r in refs], writer.dir / "viewer.html", cfg.max_per_system)
         if cfg.screenshot:
-            from r3rag.browser import screenshot
+            from r3rag.evaluation.browser import screenshot
 
             screenshot(writer.dir / "viewer.html", writer.dir / "viewer.png")
         writer.metrics.update({"rows": len(rows), "viewer_trajectories": n})

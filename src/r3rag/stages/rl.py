@@ -4,10 +4,10 @@ Each process rolls out its share of every step's prompts through the environment
 (generate until `</search>`/`</answer>`, retrieve, append the documents...) and returns
 `env_mask`, so retrieved tokens get no loss. The reward is a weighted sum of named
 components (em, f1, cover, format, search_r1_format, judge, relevance, r3rag: see
-`r3rag.rewards` for the formulas); every component is logged each step, weight 0 = logged
+`r3rag.rl.rewards` for the formulas); every component is logged each step, weight 0 = logged
 only. Starts from an SFT policy artifact, or from any transformers model (`model=`, the
 Search-R1 recipe: RL from a base model). The GRPO, rollout, dev-evaluation and checkpoint
-settings are typed in r3rag.grpo_settings (`GRPOSettings`, which Config extends), beside the
+settings are typed in r3rag.rl.settings (`GRPOSettings`, which Config extends), beside the
 code that builds the trainer; the questions' keys (world, questions, split, limit) are the
 `QuestionSource` every stage shares.
 
@@ -17,7 +17,7 @@ DAPO: 0.28), Dr. GRPO (`loss_type=dr_grpo` with `scale_rewards=none`), DAPO's dy
 (`dynamic_sampling`: groups whose rollouts all score the same are replaced by fresh questions,
 at most `dynamic_sampling_rounds` refills a step), and per-step credit for the process reward
 (`process_credit=step`: each search step's relevance reward goes to that step's tokens instead
-of being folded into the trajectory's number; see `r3rag.rewards` and `r3rag.trainers`).
+of being folded into the trajectory's number; see `r3rag.rl.rewards` and `r3rag.training.trainers`).
 
 Dev evaluation: `eval_every=N` answers `eval_limit` dev questions greedily (the world's
 `dev.jsonl`, or `eval_questions`) before training, every N steps and at the last, through the
@@ -52,15 +52,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from r3rag.artifacts import ArtifactRef, load_manifest, work_dir
-from r3rag.checkpoints import prepare_work, step_of
-from r3rag.config import unhashed
-from r3rag.errors import UserError
-from r3rag.grpo_settings import GRPOSettings, check_settings
-from r3rag.jsonl import read_jsonl
-from r3rag.protocol import DocStyle, Protocol, Template
+from r3rag.core.artifacts import ArtifactRef, load_manifest, work_dir
+from r3rag.core.protocol import DocStyle, Protocol, Template
 from r3rag.retrieval import is_url, open_retriever
-from r3rag.rewards import RewardSettings
+from r3rag.rl.rewards import RewardSettings
+from r3rag.rl.settings import GRPOSettings, check_settings
 from r3rag.stages.common import (
     FILE,
     Context,
@@ -72,13 +68,17 @@ from r3rag.stages.common import (
     resolve_inputs,
     set_threads,
 )
-from r3rag.training import LoraSettings, load_protocol_dict, save_policy
+from r3rag.training.checkpoints import prepare_work, step_of
+from r3rag.training.helpers import LoraSettings, load_protocol_dict, save_policy
+from r3rag.util.config import unhashed
+from r3rag.util.errors import UserError
+from r3rag.util.jsonl import read_jsonl
 
 INPUTS = {"policy": "sft", "world": "world", "index": "index", "questions": FILE, "eval_questions": FILE}
 
 
 @dataclass
-class Config(GRPOSettings, QuestionSource):  # r3rag.grpo_settings; world, questions, split, limit: QuestionSource
+class Config(GRPOSettings, QuestionSource):  # r3rag.rl.settings; world, questions, split, limit: QuestionSource
     name: str = "default"  # the artifact's name: runs/rl/<name>-<hash>
     policy: str = "sft:latest"  # the policy artifact (sft or rl) to start from, unless `model` is set
     model: str = ""  # start from this transformers model (id or path) instead of a policy artifact
@@ -90,7 +90,7 @@ class Config(GRPOSettings, QuestionSource):  # r3rag.grpo_settings; world, quest
     retriever: str = ""  # a retrieval server URL (http://...) to search instead of the index
     # rewards
     rewards: dict = field(default_factory=lambda: {"em": 1.0, "format": 0.0})  # component -> weight
-    reward: RewardSettings = field(default_factory=RewardSettings)  # how components are computed (r3rag.rewards)
+    reward: RewardSettings = field(default_factory=RewardSettings)  # how components are computed (r3rag.rl.rewards)
     # model
     lora: bool = False
     lora_settings: LoraSettings = field(default_factory=LoraSettings)  # lora=true: the adapters' shape
@@ -119,7 +119,7 @@ def run(cfg: Config, ctx: Context):
         return ctx.skipped(writer)
     cfg = dataclasses.replace(cfg, model=model_location(cfg.model, inputs))  # a model artifact's model/
     set_threads(cfg.threads)
-    from r3rag.grpo import resolve_vllm
+    from r3rag.rl.grpo import resolve_vllm
 
     backend = resolve_vllm(cfg.vllm)  # a clear error before any work when vLLM is asked for and missing
     state = process_state()
@@ -130,7 +130,7 @@ def run(cfg: Config, ctx: Context):
     questions = cfg.read_questions(inputs)
     if state.is_main_process:
         ctx.console.print(f"rl: rollouts with {f'vLLM ({backend})' if backend else 'transformers'}")
-    from r3rag.observe import TrainClock
+    from r3rag.training.observe import TrainClock
 
     clock = TrainClock(resume_from, work / "metrics.jsonl")  # seconds survive a resume
     trainer = _trainer(cfg, model, tokenizer, protocol_dict, questions, dev, inputs, work, state.process_index)
@@ -162,7 +162,7 @@ def run(cfg: Config, ctx: Context):
 def _prepare_work(work: Path, resume: bool | str, state) -> str | None:
     """The run's working directory (checkpoints, logs), kept across kills for --resume; on resume
     the lines logged after the checkpoint are dropped (those steps are run and logged again)."""
-    from r3rag.observe import truncate_after
+    from r3rag.training.observe import truncate_after
 
     def trim_logs(step: int) -> None:
         for path in [work / "metrics.jsonl", *work.glob("rollouts.rank*.jsonl")]:
@@ -173,7 +173,7 @@ def _prepare_work(work: Path, resume: bool | str, state) -> str | None:
 
 def _start(cfg: Config, inputs):
     """The starting policy: an SFT artifact (protocol from its policy.json) or a model id/path."""
-    from r3rag.modeling import load_model, load_policy, load_tokenizer
+    from r3rag.training.modeling import load_model, load_policy, load_tokenizer
 
     if cfg.model:
         model, tokenizer = load_model(cfg.model), load_tokenizer(cfg.model)
@@ -185,13 +185,13 @@ def _start(cfg: Config, inputs):
         base = str(inputs["policy"].path)
     if cfg.max_doc_chars is not None:
         protocol_dict = {**protocol_dict, "max_doc_chars": cfg.max_doc_chars}
-    from r3rag.training import require_chat_template
+    from r3rag.training.helpers import require_chat_template
 
     require_chat_template(Protocol(**protocol_dict), tokenizer, "rl")  # also fails early on a bad template
     if cfg.lora:
         from transformers import set_seed
 
-        from r3rag.training import apply_lora
+        from r3rag.training.helpers import apply_lora
 
         set_seed(cfg.seed)  # LoRA's random init is the run's (the Trainer seeds only once it is built)
         model = apply_lora(model, cfg.lora_settings)
@@ -215,9 +215,9 @@ def _dev_questions(cfg: Config, inputs) -> list[dict]:
 
 
 def _trainer(cfg: Config, model, tokenizer, protocol_dict, questions, dev, inputs, work: Path, rank: int):
-    from r3rag.grpo import build_trainer
-    from r3rag.observe import MetricsLog, RolloutSampler, show_progress
-    from r3rag.rewards import RewardScorer
+    from r3rag.rl.grpo import build_trainer
+    from r3rag.rl.rewards import RewardScorer
+    from r3rag.training.observe import MetricsLog, RolloutSampler, show_progress
 
     protocol = Protocol(**protocol_dict)
     scorer = RewardScorer(cfg.rewards, cfg.reward, protocol, step_credit=cfg.process_credit == "step")
@@ -262,8 +262,8 @@ def _kept(cfg: Config, work: Path, last_step: int) -> dict:
 def _publish(work: Path, final: Path, out: Path, tokenizer, protocol_dict: dict, base: str, cfg: Config) -> None:
     """Policy `final` (the last step's or the best on dev; LoRA merged), metrics.jsonl,
     rollouts.jsonl and reward_curves.png into the artifact."""
-    from r3rag.modeling import load_model
-    from r3rag.observe import merge_rollouts, plot_rewards
+    from r3rag.training.modeling import load_model
+    from r3rag.training.observe import merge_rollouts, plot_rewards
 
     if (final / "adapter_config.json").exists():
         from peft import PeftModel

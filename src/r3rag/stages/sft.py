@@ -17,7 +17,7 @@ it ends where a straight run ends.
 
 Reader baselines train here too, on `r3rag synthesize --set reader=closed-book|rag|gold` data
 (the `qa` template): the loss is on the answer after the prefilled `<answer> ` and its EOS, and
-a rag or gold reader's documents are part of its prompt (r3rag.training.framed_prompt), as eval's
+a rag or gold reader's documents are part of its prompt (r3rag.training.helpers.framed_prompt), as eval's
 `direct` and `rag` modes frame the saved policy.
 
 Usage:
@@ -40,11 +40,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
 
-from r3rag.artifacts import work_dir
-from r3rag.checkpoints import check_save_steps, prepare_work, step_of
-from r3rag.config import hashed_when_set, unhashed
-from r3rag.errors import UserError
-from r3rag.jsonl import read_jsonl
+from r3rag.core.artifacts import work_dir
 from r3rag.stages.common import (
     Context,
     add_model_input,
@@ -53,7 +49,11 @@ from r3rag.stages.common import (
     resolve_inputs,
     set_threads,
 )
-from r3rag.training import LoraSettings, save_policy, tokenize_rows
+from r3rag.training.checkpoints import check_save_steps, prepare_work, step_of
+from r3rag.training.helpers import LoraSettings, save_policy, tokenize_rows
+from r3rag.util.config import hashed_when_set, unhashed
+from r3rag.util.errors import UserError
+from r3rag.util.jsonl import read_jsonl
 
 INPUTS = {"data": "synthesize", "world": "world", "base": "base"}
 
@@ -127,8 +127,8 @@ def run(cfg: Config, ctx: Context):
     rows = rows[: cfg.limit] if cfg.limit else rows
     protocol = json.loads((inputs["data"].path / "protocol.json").read_text())
     model, tokenizer = _base_model(cfg, inputs, rows)
-    from r3rag.protocol import Protocol
-    from r3rag.training import require_chat_template
+    from r3rag.core.protocol import Protocol
+    from r3rag.training.helpers import require_chat_template
 
     require_chat_template(Protocol(**protocol), tokenizer, "sft")
     with writer:
@@ -148,7 +148,7 @@ def run(cfg: Config, ctx: Context):
 
 
 def _base_model(cfg: Config, inputs, rows):
-    from r3rag import modeling
+    from r3rag.training import modeling
 
     if "base" in inputs:  # the miniature's pretrained model (r3rag base)
         tokenizer = modeling.load_tokenizer(inputs["base"].path / "model")
@@ -174,7 +174,7 @@ def _base_model(cfg: Config, inputs, rows):
         tokenizer = modeling.load_tokenizer(location)
         model = modeling.load_model(location)
     if cfg.lora:
-        from r3rag.training import apply_lora
+        from r3rag.training.helpers import apply_lora
 
         model = apply_lora(model, cfg.lora_settings)
     return model, tokenizer
@@ -192,9 +192,9 @@ def train_sft(model, tokenizer, rows, cfg: Config, work: Path, ctx: Context, pro
     from datasets import Dataset
     from trl import SFTConfig
 
-    from r3rag.observe import TrainClock, show_progress
-    from r3rag.trainers import FastSFTTrainer
-    from r3rag.training import checkpointing_flag, device_flags, save_flags
+    from r3rag.training.helpers import checkpointing_flag, device_flags, save_flags
+    from r3rag.training.observe import TrainClock, show_progress
+    from r3rag.training.trainers import FastSFTTrainer
 
     encoded = tokenize_rows(rows, tokenizer, cfg.max_length, protocol, cfg.view)
     ds = Dataset.from_dict({"input_ids": [e[0] for e in encoded], "labels": [e[1] for e in encoded]})
@@ -223,7 +223,7 @@ def train_sft(model, tokenizer, rows, cfg: Config, work: Path, ctx: Context, pro
     show_progress(trainer, "sft", ctx.console)
     clock = TrainClock(resume_from, Path(work) / "metrics.jsonl")  # SFT logs none: a checkpoint's record or 0
     trainer.add_callback(clock)
-    trainer.resume_from = resume_from  # the epoch order it resumes into (r3rag.trainers.ReplayableLengthSampler)
+    trainer.resume_from = resume_from  # the epoch order it resumes into (trainers.ReplayableLengthSampler)
     result = trainer.train(resume_from_checkpoint=resume_from)
     n_tokens = sum(len(e[0]) for e in encoded)
     epochs = _epochs_trained(cfg, result.global_step, len(encoded))

@@ -18,7 +18,7 @@ goes to `rejected.jsonl` with every attempt and its reason. `keep: all` (rejecti
 fine-tuning, with `teacher: hf` and a policy) samples all `attempts` at `temperature`, none greedy,
 and keeps every distinct accepted one (`<id>#<k>`; the manifest counts `duplicate_trajectories`).
 A request that fails after its retries rejects that attempt (`teacher_error:<kind>`), not the run.
-The loop itself is r3rag.synthesis; this module resolves the inputs, builds the teacher and writes
+The loop itself is r3rag.synthesis.attempts; this module resolves the inputs, builds the teacher and writes
 the artifact.
 
 Resumable: each finished question is appended (fsynced within a second) to `runs/synthesize/.journal-<id>.jsonl`;
@@ -60,15 +60,10 @@ from collections import Counter
 from dataclasses import dataclass
 from typing import Literal
 
-from r3rag import teachers
-from r3rag.artifacts import journal_file
-from r3rag.config import unhashed
+from r3rag.core.artifacts import journal_file
+from r3rag.core.protocol import Protocol, ProtocolSettings
 from r3rag.data.gold import GoldRetriever
-from r3rag.errors import UserError
-from r3rag.journal import Journal
-from r3rag.jsonl import read_jsonl, write_jsonl
-from r3rag.judge import AnswerJudge
-from r3rag.protocol import Protocol, ProtocolSettings
+from r3rag.evaluation.judge import AnswerJudge
 from r3rag.retrieval import is_url, open_retriever
 from r3rag.stages.common import (
     FILE,
@@ -79,13 +74,20 @@ from r3rag.stages.common import (
     resolve_inputs,
     set_threads,
 )
-from r3rag.synthesis import AttemptSettings, attempt_loop, public_row, summarize_rows, trajectory_rows
+from r3rag.synthesis import teachers
+from r3rag.synthesis.attempts import AttemptSettings, attempt_loop, public_row, summarize_rows, trajectory_rows
+from r3rag.util.config import unhashed
+from r3rag.util.errors import UserError
+from r3rag.util.journal import Journal
+from r3rag.util.jsonl import read_jsonl, write_jsonl
 
 INPUTS = {"world": "world", "index": "index", "questions": FILE}
 
 
 @dataclass
-class Config(AttemptSettings, QuestionSource, ProtocolSettings):  # the shared keys: r3rag.synthesis, common, protocol
+class Config(
+    AttemptSettings, QuestionSource, ProtocolSettings
+):  # the shared keys: r3rag.synthesis.attempts, common, protocol
     name: str = "default"  # the artifact's name: runs/synthesize/<name>-<hash>
     index: str = "index:latest"  # the index artifact the teacher searches
     retriever: str = ""  # a retrieval server URL (http://...) to search instead of the index
@@ -216,7 +218,7 @@ def _sources(cfg: Config, inputs) -> list[tuple[str, list[dict], object]]:
     return sources
 
 
-# ---------------------------------------------------------------- driving the attempt loop (r3rag.synthesis)
+# ---------------------------------------------------------------- driving the attempt loop (r3rag.synthesis.attempts)
 
 
 def _synthesize(cfg: Config, ctx: Context, sources, protocol: Protocol, journal: Journal) -> None:
@@ -268,7 +270,7 @@ def _judge_client(cfg: Config, teacher):
 
 
 def _client(cfg: Config, base_url: str, model: str, api_key_env: str):
-    from r3rag.endpoint import EndpointSettings  # the one place a client is built for endpoint settings
+    from r3rag.generation.endpoint import EndpointSettings  # the one place a client is built for endpoint settings
 
     endpoint = EndpointSettings(endpoint=base_url, model=model, api_key_env=api_key_env)
     options = {"timeout": cfg.timeout, "max_retries": cfg.max_retries, "concurrency": cfg.concurrency}

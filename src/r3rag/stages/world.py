@@ -30,11 +30,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-from r3rag.config import unhashed
 from r3rag.data.world import WorldConfig, generate_world, world_vocabulary
-from r3rag.errors import UserError
-from r3rag.jsonl import write_jsonl
 from r3rag.stages.common import Context, file_input
+from r3rag.util.config import unhashed
+from r3rag.util.errors import UserError
+from r3rag.util.jsonl import write_jsonl
 
 INPUTS: dict[str, str] = {}
 

@@ -1,0 +1,7 @@
+"""Pipelines and experiments: `pipeline` (stages in order, each reused when built), `experiment`
+(variants + one table), `run` (what `r3rag run FILE` builds), `jobs` (variants in worker
+processes), `seeds`, `status` (`run --status`), the slices of a long experiment (`slices`, `slice_file`,
+`slice_merge`, `slice_status`) and its results files and tables (`results_*`).
+
+May import stages/ and everything below it; only cli/ imports it.
+"""

@@ -1,0 +1,158 @@
+"""Tables in the docs generated from results files: `r3rag report --results` rewrites them.
+
+A generated block in a Markdown file (README.md, docs/*.md, benchmarks/RESULTS.md) sits between
+two marker lines; only the text between them is rewritten:
+
+    <!-- r3rag:results results/replicate.json headline chart=docs/replicate.png -->
+    | ... the table, as r3rag.experiments.results_table.markdown writes it ... |
+    <!-- /r3rag:results -->
+
+The opening marker names a results file (r3rag.experiments.results_file; relative to the repository root,
+where `r3rag report` runs) and one of its tables (`all`: every row; other names come from the
+pipeline's `results.tables`; `comparisons`: the experiment's paired comparisons,
+r3rag.experiments.results_compare), then options: `chart=PATH` also writes that PNG (EM per row with its
+95% interval, r3rag.experiments.results_table.plot) from the same rows. Markers are HTML comments, so neither
+GitHub nor MkDocs shows them. Text written by hand between the markers is lost at the next
+regeneration; tests/test_results_docs.py fails when the committed text differs from what the
+committed results file gives.
+
+Usage:
+    r3rag report --results results/replicate.json                 # README.md, docs/*.md, benchmarks/RESULTS.md
+    r3rag report --results results/replicate.json --docs README.md
+    update_docs(doc_files(root), root, results=[Path("results/replicate.json")])
+    stale(Path("README.md"), root)                                 # empty when every block is up to date, else a diff
+"""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+
+from r3rag.experiments.results_file import load_results
+from r3rag.util.errors import UserError
+
+OPEN = "<!-- r3rag:results "
+CLOSE = "<!-- /r3rag:results -->"
+BLOCK = re.compile(
+    r"^<!-- r3rag:results (?P<args>[^\n]*?) -->\n(?P<body>.*?)^<!-- /r3rag:results -->$", re.MULTILINE | re.DOTALL
+)
+OPTIONS = {"chart"}
+COMPARISONS = "comparisons"  # the table name of the paired comparisons (r3rag.experiments.results_compare)
+
+
+def doc_files(root: Path) -> list[Path]:
+    """The Markdown files that may hold generated blocks: README.md, docs/*.md, benchmarks/RESULTS.md."""
+    files = [root / "README.md", *sorted((root / "docs").glob("*.md")), root / "benchmarks" / "RESULTS.md"]
+    return [f for f in files if f.is_file()]
+
+
+def parse_marker(args: str, where: str) -> dict:
+    """`<file> <table> [chart=PATH]` -> {"file", "table", "chart"}."""
+    words = args.split()
+    if len(words) < 2 or any("=" in w for w in words[:2]):
+        raise UserError(f"{where}: expected `{OPEN}<results file> <table> [chart=PATH] -->`, got {args!r}")
+    options = dict(w.partition("=")[::2] for w in words[2:])
+    bad = sorted(set(options) - OPTIONS) or [w for w in words[2:] if "=" not in w]
+    if bad:
+        raise UserError(f"{where}: unknown marker option {bad[0]!r} (known: {', '.join(sorted(OPTIONS))}=...)")
+    return {"file": words[0], "table": words[1], "chart": options.get("chart")}
+
+
+def block_rows(results: dict, table: str, where: str) -> list[dict]:
+    """The rows of one of the results file's tables, in that table's order."""
+    tables = results["tables"]
+    if table not in tables:
+        raise UserError(f"{where}: the results file has no table {table!r} (tables: {', '.join(tables)})")
+    by_label = {r["label"]: r for r in results["rows"]}
+    missing = [label for label in tables[table] if label not in by_label]
+    if missing:
+        raise UserError(f"{where}: table {table!r} names row {missing[0]!r}, which the results file lacks")
+    return [by_label[label] for label in tables[table]]
+
+
+def render(results: dict, table: str, where: str) -> str:
+    """A block's text: the selected rows as the experiment's table.md shows them, with its note."""
+    from r3rag.experiments.results_compare import comparison_markdown
+    from r3rag.experiments.results_table import markdown
+
+    if table == COMPARISONS:
+        return comparison_markdown(results.get("comparisons") or [])
+    return markdown(block_rows(results, table, where), results)
+
+
+def regenerate(text: str, name: str, root: Path, only: set[Path] | None = None) -> tuple[str, list[dict]]:
+    """`text` with every block (of the results files in `only`, else every one) regenerated, and
+    the blocks found (their marker's settings, `where` and `rows`)."""
+    _check_pairs(text, name)
+    cache: dict[Path, dict] = {}
+    blocks: list[dict] = []
+
+    def one(m: re.Match) -> str:
+        where = f"{name}:{text.count(chr(10), 0, m.start()) + 1}"
+        block = {**parse_marker(m.group("args"), where), "where": where}
+        source = (root / block["file"]).resolve()
+        if only is not None and source not in only:
+            return m.group(0)
+        if source not in cache:
+            cache[source] = load_results(root / block["file"])
+        body = render(cache[source], block["table"], where)
+        rows = [] if block["table"] == COMPARISONS else block_rows(cache[source], block["table"], where)
+        blocks.append({**block, "rows": rows})
+        return f"{OPEN}{m.group('args')} -->\n{body}{CLOSE}"
+
+    return BLOCK.sub(one, text), blocks
+
+
+def _check_pairs(text: str, name: str) -> None:
+    """Every opening marker has its closing one, and blocks do not nest: else a regeneration would
+    rewrite the text between two unrelated markers."""
+    depth = 0
+    for i, line in enumerate(text.splitlines(), 1):
+        if line.startswith(OPEN) or line == CLOSE:
+            depth += 1 if line.startswith(OPEN) else -1
+            if depth not in (0, 1):
+                raise UserError(f"{name}:{i}: {'nested' if depth > 1 else 'unopened'} r3rag:results marker")
+    if depth:
+        raise UserError(f"{name}: an r3rag:results marker has no closing {CLOSE}")
+    opened = [i for i, line in enumerate(text.splitlines(), 1) if line.startswith(OPEN)]
+    if len(opened) != len(BLOCK.findall(text)):  # e.g. `-->` missing: the block would be skipped silently
+        raise UserError(f"{name}:{opened[0]}: malformed r3rag:results marker (expected `{OPEN}FILE TABLE -->`)")
+
+
+def stale(path: Path, root: Path) -> str:
+    """Empty when every block of `path` is what its results file gives, else a unified diff
+    (committed -> generated) and the charts that are missing."""
+    name = str(path.relative_to(root)) if path.is_relative_to(root) else str(path)
+    text = path.read_text()
+    new, blocks = regenerate(text, name, root)
+    missing = [
+        f"{b['where']}: chart {b['chart']} is missing"
+        for b in blocks
+        if b["chart"] and not (root / b["chart"]).is_file()
+    ]
+    diff = difflib.unified_diff(
+        text.splitlines(True), new.splitlines(True), f"{name} (committed)", f"{name} (generated)"
+    )
+    return "".join(diff) + "".join(line + "\n" for line in missing)
+
+
+def update_docs(paths: list[Path], root: Path, results: list[Path] | None = None) -> tuple[list[Path], int]:
+    """Regenerate the blocks (of `results` files, else all) in `paths` and write their charts;
+    returns the files written (a Markdown file only when its text changed) and the blocks found."""
+    from r3rag.experiments.results_table import plot
+
+    only = {(root / r).resolve() for r in results} if results else None
+    written, found = [], 0
+    for path in paths:
+        text = path.read_text()
+        new, blocks = regenerate(text, str(path), root, only)
+        found += len(blocks)
+        if new != text:
+            path.write_text(new)
+            written.append(path)
+        for b in (b for b in blocks if b["chart"]):
+            (root / b["chart"]).parent.mkdir(parents=True, exist_ok=True)
+            plot(b["rows"], root / b["chart"])
+            written.append(root / b["chart"])
+    return written, found

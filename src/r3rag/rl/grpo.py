@@ -1,0 +1,385 @@
+"""GRPO plumbing for `r3rag rl`: TRL's GRPOTrainer with a multi-turn `rollout_func`.
+
+Each process rolls out its own share of the prompts TRL hands it: the environment loop
+(generate until `</search>`/`</answer>`, retrieve, append the documents...) runs, every
+reward component is scored, and TRL receives per-trajectory `completion_ids` with
+`env_mask` (0 on retrieved tokens: no loss) ending in EOS (see
+`training.completion_with_eos`), and `logprobs`: each sampled token's log-probability under the
+distribution it was drawn from (None where unknown: documents, the appended EOS, a backend that
+does not report them), for TRL's importance-sampling correction. The policy rolls out in eval
+mode (no LoRA or other dropout), then goes back to training. Generation and retrieval time are
+measured per step.
+
+Where things live: the settings are typed in r3rag.rl.settings (`GRPOSettings`, which `r3rag
+rl`'s Config extends; `build_trainer` reads nothing else), the batch TRL receives and dynamic
+sampling are plain functions in r3rag.rl.batch (re-exported here), and this module holds
+what needs the trainer: the rollout function, the rollout generator, the trainer and DevEval.
+
+Against flat or collapsing GRPO (settings of `r3rag rl`, see r3rag.rl.settings):
+- dynamic sampling (DAPO; TRL has no option for it): `dynamic_sample` drops each group whose
+  rollouts all earn the same reward (no advantage, no gradient) and refills the batch with
+  groups of fresh questions, at most `dynamic_sampling_rounds` times; groups still missing then
+  are filled with dropped ones (TRL needs the batch size; they add nothing to the loss).
+  The counts are logged as `rollout/dropped_groups`, `rollout/refill_rounds`, `rollout/flat_groups`.
+- per-step credit (`process_credit=step`): `rollout_batch` adds `step_credit`, the token spans
+  of each search step and its process reward, which `trainers.R3ragGRPOTrainer` turns into
+  per-token advantages.
+- dev evaluation (`DevEval`): greedy EM on dev questions every N steps through the same env
+  loop, logged beside the training reward; the best step's weights kept for `keep=best_dev`.
+
+Usage:
+    trainer = build_trainer(model, tokenizer, questions, retriever, protocol, scorer, cfg, work_dir, callbacks,
+                            dev_questions=dev)
+    trainer.train()
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+from dataclasses import replace
+from pathlib import Path
+
+from transformers import TrainerCallback
+
+from r3rag.core.env import run_rollouts
+from r3rag.core.metrics import exact_match, f1_score
+from r3rag.core.protocol import Protocol
+from r3rag.generation.vllm import INSTALL_HINT, guard_module_scan, on_gpu
+from r3rag.rl.batch import (  # noqa: F401  (re-exported: r3rag.rl.grpo is where callers find them)
+    check_whole_groups,
+    completion_logprobs,
+    dynamic_sample,
+    fresh_questions,
+    rollout_batch,
+    step_spans,
+)
+from r3rag.rl.settings import GRPOSettings, check_settings
+from r3rag.training.helpers import checkpointing_flag, device_flags, save_flags
+from r3rag.util.errors import UserError
+
+
+class Timed:
+    """A generator or retriever whose calls add up their wall time in `seconds`."""
+
+    def __init__(self, inner):
+        self.inner, self.seconds = inner, 0.0
+
+    def _time(self, fn, *args):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            self.seconds += time.perf_counter() - t0
+
+    def generate(self, contexts, stop, max_new_tokens):
+        return self._time(self.inner.generate, contexts, stop, max_new_tokens)
+
+    def search(self, queries, k):
+        return self._time(self.inner.search, queries, k)
+
+
+def make_rollout_func(
+    questions: list[dict], retriever, protocol: Protocol, tokenizer, scorer, cfg: GRPOSettings, sampler=None
+):
+    """TRL rollout_func: one multi-turn trajectory per prompt it is given (prompts arrive
+    repeated num_generations times), scored by every reward component; with
+    `cfg.dynamic_sampling`, flat groups are replaced by groups of fresh questions."""
+    by_prompt = {protocol.context_prompt(q["question"], tokenizer): q for q in questions}
+    env_cfg = cfg.env_config(max_completion_tokens=cfg.max_completion_tokens)
+
+    def rollout_func(prompts: list[str], trainer) -> dict:
+        examples = [by_prompt[p] for p in prompts]
+        t0 = time.perf_counter()
+        ret, scoring = Timed(retriever), Timed(None)
+        with generator(trainer, tokenizer, cfg) as gen:
+            gen = Timed(gen)
+
+            def roll(exs: list[dict]) -> tuple:
+                trajs = run_rollouts(exs, gen, ret, protocol, env_cfg, tokenizer)
+                return exs, trajs, *scoring._time(scorer.score_steps, trajs, exs)
+
+            if cfg.dynamic_sampling:
+                check_whole_groups(prompts, cfg.num_generations)
+                from r3rag.rl.rewards import group_has_signal
+
+                draw = fresh_questions(
+                    questions, examples, cfg.seed, trainer.state.global_step, trainer.accelerator.process_index
+                )
+                (examples, trajs, scores, steps), sampling = dynamic_sample(
+                    examples,
+                    cfg.num_generations,
+                    roll,
+                    draw,
+                    lambda part: group_has_signal(scorer, part[2], part[3]),
+                    cfg.dynamic_sampling_rounds,
+                )
+            else:
+                (_, trajs, scores, steps), sampling = roll(examples), {}
+        timing = {
+            "generation": gen.seconds,
+            "retrieval": ret.seconds,
+            "rollout": time.perf_counter() - t0 - scoring.seconds,
+            "reward": scoring.seconds,
+        }
+        if sampler is not None:
+            sampler.add(trainer.state.global_step + 1, trajs, examples, scores)
+        batch = rollout_batch(
+            trajs,
+            tokenizer.eos_token_id,
+            cfg.max_completion_tokens,
+            cfg.mask_retrieved,
+            steps if scorer.step_credit else None,
+        )
+        # The refilled groups' prompt_ids are what TRL trains on; its own `prompts` list only feeds its logs.
+        return {**batch, "scores": scores, "timing": timing, "sampling": sampling}
+
+    return rollout_func
+
+
+class generator:
+    """Context manager giving the rollout generator: vLLM through TRL when enabled, else the
+    trainer's own model (unwrapped from DDP/DeepSpeed/FSDP) with transformers' generate, in
+    eval mode: dropout (LoRA's too) would make the rollout policy a random perturbation of the
+    one whose log-probabilities are trained; training mode comes back on exit."""
+
+    def __init__(self, trainer, tokenizer, cfg: GRPOSettings):
+        self.trainer, self.tokenizer, self.cfg = trainer, tokenizer, cfg
+
+    def __enter__(self):
+        if self.cfg.vllm:
+            from r3rag.generation.vllm import VLLMGenerator
+
+            self._ctx = None
+            return VLLMGenerator(self.trainer, self.cfg.temperature, self.cfg.top_p)
+        from trl.models.utils import unwrap_model_for_generation
+
+        from r3rag.generation.hf import HFGenerator
+
+        self._ctx = unwrap_model_for_generation(self.trainer.model_wrapped, self.trainer.accelerator)
+        model = self._ctx.__enter__()
+        self._was_training = model.training
+        model.eval()
+        self._model = model
+        return HFGenerator(
+            model,
+            self.tokenizer,
+            batch_size=self.cfg.gen_batch_size,
+            temperature=self.cfg.temperature,
+            top_p=self.cfg.top_p,
+            static_cache=self.cfg.static_cache,
+            logprobs=True,
+        )
+
+    def __exit__(self, *exc):
+        if self._ctx is None:
+            return False
+        self._model.train(self._was_training)
+        return self._ctx.__exit__(*exc)
+
+
+def resolve_vllm(mode: str) -> str:
+    """The rollout backend `rl.vllm` asks for: "" (transformers), colocate or server. "auto" (the
+    default) is colocate where vLLM is installed and a GPU is present, else transformers.
+    A clear error when vLLM is asked for by name and is not installed."""
+    import importlib.util
+
+    import torch
+
+    if mode not in ("auto", "", "colocate", "server"):
+        raise UserError(f"rl.vllm: expected auto, '' (transformers), colocate or server, got {mode!r}")
+    installed = importlib.util.find_spec("vllm") is not None
+    if mode == "auto":
+        return "colocate" if installed and torch.cuda.is_available() else ""
+    if mode and not installed:
+        raise UserError(
+            f"rl.vllm={mode}: vLLM is not installed ({INSTALL_HINT}); set rl.vllm='' to generate with transformers"
+        )
+    return mode
+
+
+def trl_vllm_flags(cfg: GRPOSettings) -> dict:
+    """GRPOConfig's vLLM flags. On the CPU (vLLM's CPU build) TRL's `vllm_gpu_memory_utilization`
+    would be read as a share of RAM, refused when that much is not free: the KV cache is sized in
+    GiB instead, through the variable vLLM's CPU backend reads (a user's own setting wins)."""
+    if cfg.vllm == "colocate" and not on_gpu():
+        os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.vllm_kv_cache_gb))
+        guard_module_scan()  # TRL starts the engine in this process
+    return dict(
+        use_vllm=True,
+        vllm_mode=cfg.vllm,
+        vllm_server_base_url=cfg.vllm_server_url or None,
+        vllm_gpu_memory_utilization=cfg.vllm_gpu_memory,
+        vllm_max_model_length=cfg.vllm_max_model_len or None,
+    )
+
+
+def world_size() -> int:
+    return int(os.environ.get("WORLD_SIZE", "1"))
+
+
+def per_device_batch(cfg: GRPOSettings) -> int:
+    """Completions per device per optimizer micro-step, from the global prompts per step."""
+    total, parts = cfg.prompts_per_step * cfg.num_generations, world_size() * cfg.grad_accum
+    if total % parts:
+        raise UserError(
+            f"rl: prompts_per_step x num_generations = {total} must divide evenly over "
+            f"{world_size()} process(es) x grad_accum {cfg.grad_accum}"
+        )
+    return total // parts
+
+
+def build_trainer(
+    model,
+    tokenizer,
+    questions,
+    retriever,
+    protocol: Protocol,
+    scorer,
+    cfg: GRPOSettings,
+    work_dir,
+    callbacks=(),
+    sampler=None,
+    dev_questions: list[dict] | None = None,
+):
+    from datasets import Dataset
+    from trl import GRPOConfig
+
+    from r3rag.rl.rewards import trl_reward_funcs
+    from r3rag.training.trainers import R3ragGRPOTrainer
+
+    check_settings(cfg)
+    funcs, weights = trl_reward_funcs(scorer)
+    cfg = replace(cfg, vllm=resolve_vllm(cfg.vllm))  # "auto" -> the backend this machine has
+    vllm = trl_vllm_flags(cfg) if cfg.vllm else {}
+    per_device = per_device_batch(cfg)
+    if cfg.dynamic_sampling and per_device * cfg.steps_per_generation * cfg.grad_accum % cfg.num_generations:
+        raise UserError(
+            "rl.dynamic_sampling: each process must roll out whole groups (prompts_per_step x "
+            f"steps_per_generation must divide over the {world_size()} process(es))"
+        )
+    args = GRPOConfig(
+        output_dir=str(work_dir / "checkpoints"),
+        max_steps=cfg.steps,
+        per_device_train_batch_size=per_device,
+        gradient_accumulation_steps=cfg.grad_accum,
+        steps_per_generation=cfg.steps_per_generation * cfg.grad_accum,
+        num_generations=cfg.num_generations,
+        num_iterations=cfg.num_iterations,
+        learning_rate=cfg.lr,
+        lr_scheduler_type=cfg.lr_scheduler,
+        warmup_steps=cfg.warmup_ratio,
+        weight_decay=cfg.weight_decay,
+        max_grad_norm=cfg.max_grad_norm,
+        beta=cfg.beta,
+        loss_type=cfg.loss_type,
+        scale_rewards=cfg.scale_rewards,
+        epsilon=cfg.epsilon,
+        epsilon_high=cfg.epsilon_high,
+        temperature=cfg.temperature,
+        top_p=cfg.top_p,
+        max_completion_length=cfg.max_completion_tokens,
+        reward_weights=weights,
+        logging_steps=1,
+        **save_flags(cfg.save_steps, cfg.keep_checkpoints),
+        report_to=list(cfg.report_to) or "none",
+        seed=cfg.seed,
+        **checkpointing_flag(cfg.gradient_checkpointing),
+        disable_tqdm=False,
+        ddp_find_unused_parameters=False,
+        **vllm,
+        **device_flags(cfg.bf16),
+    )
+    ds = Dataset.from_dict({"prompt": [protocol.context_prompt(q["question"], tokenizer) for q in questions]})
+    rollout = make_rollout_func(questions, retriever, protocol, tokenizer, scorer, cfg, sampler)
+    dev = DevEval(dev_questions, retriever, protocol, tokenizer, cfg, Path(work_dir)) if dev_questions else None
+    trainer = R3ragGRPOTrainer(
+        model=model,
+        reward_funcs=funcs,
+        args=args,
+        train_dataset=ds,
+        processing_class=tokenizer,
+        rollout_func=rollout,
+        callbacks=[*callbacks, *([dev] if dev else [])],
+        step_credit_weight=scorer.process_weight() if scorer.step_credit else 0.0,
+    )
+    if dev:
+        dev.trainer = trainer
+    return trainer
+
+
+# ---- evaluation on dev during training --------------------------------------------------------
+
+
+def dev_scores(
+    trainer, questions: list[dict], retriever, protocol: Protocol, tokenizer, cfg: GRPOSettings
+) -> dict[str, float]:
+    """Greedy EM and F1 of the trainer's current policy on `questions`, through the rollouts' env
+    loop. Every process answers its share (a sharded model needs them all in the generate context)
+    and the sums are gathered. Always transformers: vLLM's weights are synced only when the next
+    rollout starts, so it would answer with the previous step's policy."""
+    from accelerate.utils import gather_object
+
+    acc = trainer.accelerator
+    mine = questions[acc.process_index :: acc.num_processes]
+    with generator(trainer, tokenizer, replace(cfg, vllm="", temperature=0.0)) as gen:
+        trajs = run_rollouts(
+            mine, gen, retriever, protocol, cfg.env_config(max_completion_tokens=cfg.max_completion_tokens), tokenizer
+        )
+    em = sum(exact_match(t.answer, q["golden_answers"]) for t, q in zip(trajs, mine))
+    f1 = sum(f1_score(t.answer, q["golden_answers"]) for t, q in zip(trajs, mine))
+    parts = gather_object([(em, f1, len(mine))])
+    n = max(1, sum(p[2] for p in parts))
+    return {"dev/em": sum(p[0] for p in parts) / n, "dev/f1": sum(p[1] for p in parts) / n}
+
+
+class DevEval(TrainerCallback):
+    """Dev EM before training, every `cfg.eval_every` steps and at the last step: logged in that
+    step's metrics line (`dev/em`, `dev/f1`, `time/dev_eval`; before training, in `dev.json`
+    only, as metrics.jsonl lines are training steps). `work/dev.json` records the start, the
+    last and the best evaluation (highest EM, the earlier step on a tie); with `keep=best_dev`
+    the best step's weights are saved to `work/best-<step>/` (the previous best's removed once
+    dev.json names the new one, so a kill never leaves dev.json naming missing weights). A best
+    found before a kill stays a candidate after `--resume`: its weights and EM are real."""
+
+    def __init__(self, questions, retriever, protocol, tokenizer, cfg: GRPOSettings, work: Path):
+        self.questions, self.retriever, self.protocol, self.tokenizer, self.cfg = (
+            questions,
+            retriever,
+            protocol,
+            tokenizer,
+            cfg,
+        )
+        self.work, self.trainer = work, None  # the trainer is set once built
+        self.path = work / "dev.json"
+        self.record = json.loads(self.path.read_text()) if self.path.is_file() else {}
+
+    def on_train_begin(self, args, state, control, **kw):
+        if state.global_step == 0:  # a resumed run evaluated its start before the kill
+            self.record["start"] = self._evaluate(0)
+
+    def on_step_end(self, args, state, control, **kw):
+        step = state.global_step
+        if step % self.cfg.eval_every == 0 or step == state.max_steps:
+            t0 = time.perf_counter()
+            scores = self._evaluate(step)
+            self.trainer.extra_logs.update({**scores, "time/dev_eval": round(time.perf_counter() - t0, 4)})
+
+    def _evaluate(self, step: int) -> dict[str, float]:
+        scores = dev_scores(self.trainer, self.questions, self.retriever, self.protocol, self.tokenizer, self.cfg)
+        best = self.record.get("best")
+        if best is None or scores["dev/em"] > best["dev/em"]:
+            if self.cfg.keep == "best_dev":
+                self.trainer.save_model(str(self.work / f"best-{step}"))  # on every process: gathers shards
+            self.record["best"] = {"step": step, **scores}
+        self.record["last"] = {"step": step, **scores}
+        if self.trainer.accelerator.is_main_process:
+            tmp = self.path.with_suffix(".tmp")
+            tmp.write_text(json.dumps(self.record, indent=2))
+            os.replace(tmp, self.path)
+            for old in self.work.glob("best-*"):
+                if old.name != f"best-{self.record['best']['step']}":
+                    shutil.rmtree(old, ignore_errors=True)
+        return scores

@@ -1,0 +1,106 @@
+"""The GRPO settings, typed: what `r3rag.rl.grpo.build_trainer` and its rollout function read.
+
+`r3rag rl`'s Config extends `GRPOSettings` with the stage's own keys (inputs, the starting
+policy, rewards, LoRA), so YAML and `--set` keep one flat namespace (`rl.steps`, `rl.beta`...).
+Every Literal is checked when the config is built (r3rag.util.config); `check_settings` checks the
+settings that only make sense together, one clear line each.
+
+Usage:
+    cfg = GRPOSettings(steps=30, num_generations=8, loss_type="dr_grpo", scale_rewards="none")
+    check_settings(cfg)
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+from r3rag.core.env import EnvSettings
+from r3rag.training.checkpoints import check_save_steps
+from r3rag.util.config import check_literals, unhashed
+from r3rag.util.errors import UserError
+
+LossType = Literal["dapo", "grpo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
+TOKEN_LEVEL_LOSSES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo")  # per-token advantages make sense
+VllmMode = Literal["auto", "", "colocate", "server"]
+
+
+@dataclass
+class GRPOSettings(EnvSettings):  # top_k, max_turns, max_new_tokens: r3rag.core.env
+    # GRPO
+    steps: int = 20  # optimizer steps
+    prompts_per_step: int = 8  # questions per optimizer step, over all processes
+    num_generations: int = 8  # group size
+    steps_per_generation: int = 1  # optimizer steps per rollout batch
+    num_iterations: int = 1  # passes over each rollout batch (mu)
+    grad_accum: int = 1  # micro-batches per optimizer step (prompts_per_step x num_generations split over them)
+    lr: float = 1e-5  # peak learning rate
+    lr_scheduler: str = "constant"  # any of transformers' scheduler names
+    warmup_ratio: float = 0.0  # share of the steps the learning rate warms up over
+    weight_decay: float = 0.0  # AdamW weight decay
+    max_grad_norm: float = 1.0  # gradients clipped to this global norm
+    beta: float = 0.0  # KL coefficient (0: no reference model; Search-R1 and DeepSeek-R1 use 0.001)
+    # TRL's loss normalisation: dapo (tokens of the whole batch), grpo (per sequence), dr_grpo (Dr. GRPO: a
+    # constant, max_completion_tokens), bnpo (tokens of the local batch); cispo, sapo, luspo, vespo: TRL's others
+    loss_type: LossType = "dapo"
+    # advantage = reward - group mean, divided by the group's std (group), the batch's (batch) or nothing
+    # (none: Dr. GRPO, no question-difficulty bias)
+    scale_rewards: Literal["group", "batch", "none"] = "group"
+    epsilon: float = 0.2  # clip range of the probability ratio
+    epsilon_high: float | None = None  # upper clip bound (clip-higher; DAPO: 0.28); None = epsilon
+    dynamic_sampling: bool = False  # DAPO: replace groups whose rewards have zero variance with fresh questions
+    dynamic_sampling_rounds: int = 4  # refill rounds per rollout batch before flat groups are let through
+    # process reward (relevance, r3rag): folded into the trajectory's reward, or credited to each search step's tokens
+    process_credit: Literal["trajectory", "step"] = "trajectory"
+    # rollouts
+    temperature: float = 1.0
+    top_p: float = 1.0  # nucleus sampling (1 = off)
+    max_completion_tokens: int = 512  # token budget per trajectory (model + documents)
+    gen_batch_size: int = 64  # transformers generation: sequences per generate call
+    mask_retrieved: bool = True  # no loss on retrieved tokens (false: Search-R1's ablation)
+    static_cache: bool = False  # transformers: compiled static-cache decoding (GPUs; see benchmarks/gpu.sh)
+    # auto (colocate where vLLM is installed and a GPU present), "" (transformers), colocate or server
+    vllm: VllmMode = "auto"
+    vllm_server_url: str = ""  # vllm=server: TRL's vLLM server
+    vllm_gpu_memory: float = 0.3  # vllm=colocate: share of the GPU's memory vLLM takes
+    vllm_kv_cache_gb: int = unhashed(2)  # vllm=colocate on the CPU: RAM for vLLM's KV cache, in GiB
+    vllm_max_model_len: int = unhashed(0)  # vllm=colocate: vLLM's context in tokens (0: the model's own)
+    # model
+    bf16: bool | str = "auto"  # true, false or auto (bf16 where supported)
+    gradient_checkpointing: bool = False  # recompute activations in the backward pass: less memory, slower
+    # dev evaluation during training
+    eval_every: int = 0  # greedy dev EM every N steps (and before the first, and at the last); 0 = off
+    eval_limit: int = 200  # dev questions evaluated (0 = all)
+    keep: Literal["last", "best_dev"] = "last"  # the published policy: the last step, or the best on dev
+    # checkpoints and logs
+    save_steps: int = 10  # checkpoint every N steps (0 = never)
+    keep_checkpoints: int = 2  # the newest N checkpoints are kept, older ones deleted
+    report_to: list[str] = unhashed(default_factory=list)  # tensorboard, wandb...: logging, not training
+    seed: int = 0  # questions drawn per step, sampling, LoRA's initial weights
+
+    def __post_init__(self):
+        check_literals(self, "rl")  # settings built in code skip the config's check
+
+
+def check_settings(cfg: GRPOSettings) -> None:
+    """The GRPO settings that only make sense together: one clear line each."""
+    if cfg.keep == "best_dev" and cfg.eval_every <= 0:
+        raise UserError("rl.keep=best_dev: set rl.eval_every to a number of steps (the dev evaluation picks the step)")
+    for name, value in (
+        ("eval_every", cfg.eval_every),
+        ("eval_limit", cfg.eval_limit),
+        ("dynamic_sampling_rounds", cfg.dynamic_sampling_rounds),
+    ):
+        if value < 0:
+            raise UserError(f"rl.{name}: expected 0 or more, got {value}")
+    check_save_steps("rl", cfg.save_steps)  # as base and sft: a negative one reached the Trainer
+    if cfg.epsilon_high is not None and cfg.epsilon_high < cfg.epsilon:
+        raise UserError(
+            f"rl.epsilon_high: expected at least rl.epsilon ({cfg.epsilon}) (clip-higher widens the "
+            f"upper bound; DAPO uses 0.28), got {cfg.epsilon_high}"
+        )
+    if cfg.process_credit == "step" and cfg.loss_type not in TOKEN_LEVEL_LOSSES:
+        raise UserError(
+            f"rl.process_credit=step: loss_type {cfg.loss_type} weighs whole sequences; use one of "
+            f"{', '.join(TOKEN_LEVEL_LOSSES)}"
+        )

@@ -1,0 +1,97 @@
+"""The demo-sized chain (world -> index -> synthesize -> sft -> rl -> eval, the shared
+`pipeline_runs` fixture) against tests/chain_golden.json: the artifact ids, content hashes, output
+files and metrics the code wrote when the file was made. A change that only moves code (modules,
+packages, names) leaves every one of them equal.
+
+world, index and synthesize are plain Python, and sft's id hashes its config and synthesize's
+content: those hold on any machine. The rest follows from trained weights, whose bits depend on the
+CPU's kernels and torch's version: held only where the file's machine matches this one.
+
+Rewrite the file after a change meant to alter them (about a minute on 2 cores):
+    .venv/bin/python -m tests.test_chain_golden
+"""
+
+from __future__ import annotations
+
+import json
+import platform
+import re
+import tempfile
+from pathlib import Path
+
+import pytest
+
+GOLDEN = Path(__file__).with_name("chain_golden.json")
+PORTABLE = ("world", "index", "synthesize")
+# wall times, rates and absolute paths differ between two runs of the same code
+VARYING = re.compile(r"seconds|per_s|time|q/s")
+UNHASHED = {"metrics.jsonl", "metrics.json", "policy.json", "reward_curves.png"}  # times, paths, a plot
+
+
+def steady(obj):
+    if isinstance(obj, dict):
+        return {k: steady(v) for k, v in obj.items() if not VARYING.search(k) and not _path(v)}
+    return obj
+
+
+def _path(value) -> bool:
+    return isinstance(value, str) and value.startswith("/")
+
+
+def machine() -> dict:
+    import torch
+
+    return {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(), "arch": platform.machine()}
+
+
+def outputs(ref) -> dict:
+    return {name: f["sha256"] for name, f in ref.manifest["outputs"].items() if name not in UNHASHED}
+
+
+def record(refs: dict) -> dict:
+    """What the golden file holds of a built chain."""
+    metrics = json.loads((refs["eval"].path / "metrics.json").read_text())
+    return {
+        "portable": {
+            **{s: {"id": refs[s].id, "content_hash": refs[s].content_hash} for s in PORTABLE},
+            "metrics": {s: steady(refs[s].manifest["metrics"]) for s in PORTABLE},
+            "sft_id": refs["sft"].id,
+        },
+        "machine": machine(),
+        "trained": {
+            "sft": {"content_hash": refs["sft"].content_hash, "metrics": steady(refs["sft"].manifest["metrics"])},
+            "rl": {
+                "id": refs["rl"].id,
+                "outputs": outputs(refs["rl"]),
+                "metrics": steady(refs["rl"].manifest["metrics"]),
+            },
+            "eval": {"outputs": outputs(refs["eval"]), "metrics": steady(metrics)},
+        },
+    }
+
+
+@pytest.fixture(scope="module")
+def recorded(pipeline_runs):
+    _, refs = pipeline_runs
+    return record(refs), json.loads(GOLDEN.read_text())
+
+
+def test_ids_and_data_match_the_golden_file(recorded):
+    now, golden = recorded
+    assert now["portable"] == golden["portable"]
+
+
+def test_trained_artifacts_match_the_golden_file(recorded):
+    now, golden = recorded
+    if now["machine"] != golden["machine"]:
+        pytest.skip(f"golden weights were written on {golden['machine']}, this is {now['machine']}")
+    for stage in ("sft", "rl", "eval"):
+        assert now["trained"][stage] == golden["trained"][stage], stage
+
+
+if __name__ == "__main__":
+    from tests.conftest import build_chain
+
+    with tempfile.TemporaryDirectory() as tmp:
+        GOLDEN.write_text(json.dumps(record(build_chain(Path(tmp) / "runs")), indent=1, sort_keys=True) + "\n")
+    print(f"wrote {GOLDEN}")
