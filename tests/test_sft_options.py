@@ -4,8 +4,8 @@ of similar lengths, by_length, or any mix, random)."""
 
 import pytest
 
-from r3rag.config import hashed_settings
-from r3rag.pipeline import run_stage
+from r3rag.experiments.pipeline import run_stage
+from r3rag.util.config import hashed_settings
 from tests.conftest import build_teacher_data
 
 TINY_SFT = ["layers=1", "hidden=32", "heads=2", "intermediate=64", "bf16=false", "lr=1e-2", "batch_size=4"]
@@ -29,7 +29,7 @@ def test_the_default_schedule_leaves_the_hash_alone():
 
 @pytest.mark.parametrize("schedule, last_lr", [("cosine", 0.0), ("constant", 1e-2)])
 def test_the_learning_rate_at_the_last_update(runs, monkeypatch, schedule, last_lr):
-    from r3rag import trainers
+    from r3rag.training import trainers
 
     seen = {}
     train = trainers.FastSFTTrainer.train
@@ -48,7 +48,7 @@ def test_the_learning_rate_at_the_last_update(runs, monkeypatch, schedule, last_
 
 
 def test_an_unknown_schedule_is_one_clear_error(runs):
-    from r3rag.errors import UserError
+    from r3rag.util.errors import UserError
 
     with pytest.raises(UserError, match="lr_schedule"):
         run_stage("sft", None, [*TINY_SFT, "lr_schedule=linear"], runs)
@@ -56,7 +56,7 @@ def test_an_unknown_schedule_is_one_clear_error(runs):
 
 def _batch_spreads(runs, monkeypatch, sampling: str) -> list[int]:
     """Longest minus shortest unpadded sample in each batch of the run's first epoch."""
-    from r3rag import trainers
+    from r3rag.training import trainers
 
     seen = []
     train = trainers.FastSFTTrainer.train
