@@ -5,7 +5,8 @@ packages, names) leaves every one of them equal.
 
 world, index and synthesize are plain Python, and sft's id hashes its config and synthesize's
 content: those hold on any machine. The rest follows from trained weights, whose bits depend on the
-CPU's kernels and torch's version: held only where the file's machine matches this one.
+CPU's kernels and torch's version (and whose files name transformers' version): held only where
+the file's machine matches this one.
 
 Rewrite the file after a change meant to alter them (about a minute on 2 cores):
     .venv/bin/python -m tests.test_chain_golden
@@ -40,8 +41,14 @@ def _path(value) -> bool:
 
 def machine() -> dict:
     import torch
+    import transformers
 
-    return {"torch": torch.__version__, "cpu": torch.backends.cpu.get_cpu_capability(), "arch": platform.machine()}
+    return {
+        "torch": torch.__version__,
+        "transformers": transformers.__version__,  # model/config.json records it: part of the content hash
+        "cpu": torch.backends.cpu.get_cpu_capability(),
+        "arch": platform.machine(),
+    }
 
 
 def outputs(ref) -> dict:
