@@ -114,6 +114,14 @@ def pipeline_runs(tmp_path_factory):
 
 
 @pytest.fixture(scope="module")
+def teacher_runs(tmp_path_factory):
+    """A runs dir with build_teacher_data's world, index and teacher trajectories, one per test module."""
+    runs = tmp_path_factory.mktemp("teacher") / "runs"
+    build_teacher_data(runs)
+    return runs
+
+
+@pytest.fixture(scope="module")
 def world_index_runs(tmp_path_factory):
     """A runs dir with a tiny world and its BM25 index (no model: seconds), one per test module."""
     from r3rag.experiments.pipeline import run_stage

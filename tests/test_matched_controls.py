@@ -9,17 +9,14 @@ from r3rag.experiments.pipeline import run_stage
 from r3rag.util.config import hashed_settings
 from r3rag.util.jsonl import read_jsonl
 from tests.chat_server import ChatServer
-from tests.conftest import build_teacher_data
 from tests.world_teacher import WorldTeacher, question_of
 
 TINY_SFT = ["layers=1", "hidden=32", "heads=2", "intermediate=64", "bf16=false", "lr=1e-2"]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("controls-runs")
-    build_teacher_data(runs)
-    return runs
+def runs(teacher_runs):
+    return teacher_runs
 
 
 def test_new_settings_at_their_defaults_leave_the_hash_alone():

@@ -6,16 +6,13 @@ import pytest
 
 from r3rag.experiments.pipeline import run_stage
 from r3rag.util.config import hashed_settings
-from tests.conftest import build_teacher_data
 
 TINY_SFT = ["layers=1", "hidden=32", "heads=2", "intermediate=64", "bf16=false", "lr=1e-2", "batch_size=4"]
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("schedule-runs")
-    build_teacher_data(runs)
-    return runs
+def runs(teacher_runs):
+    return teacher_runs
 
 
 def test_the_default_schedule_leaves_the_hash_alone():
@@ -27,24 +24,29 @@ def test_the_default_schedule_leaves_the_hash_alone():
     assert hashed_settings(sft.Config(sampling="random"))["sampling"] == "random"
 
 
-@pytest.mark.parametrize("schedule, last_lr", [("cosine", 0.0), ("constant", 1e-2)])
-def test_the_learning_rate_at_the_last_update(runs, monkeypatch, schedule, last_lr):
+def _sft_watching(runs, monkeypatch, settings: list[str], watch):
+    """`r3rag sft` on the teacher data with `settings`; `watch(trainer)` is called once training ends."""
     from r3rag.training import trainers
 
-    seen = {}
     train = trainers.FastSFTTrainer.train
 
     def spy(self, *args, **kwargs):
         out = train(self, *args, **kwargs)
-        seen["lr"] = self.lr_scheduler.get_last_lr()[0]
+        watch(self)
         return out
 
-    monkeypatch.setattr(trainers.FastSFTTrainer, "train", spy)
-    art = run_stage(
-        "sft", None, [*TINY_SFT, "limit=16", "max_steps=6", f"lr_schedule={schedule}", f"name={schedule}"], runs
-    )
+    with monkeypatch.context() as patch:
+        patch.setattr(trainers.FastSFTTrainer, "train", spy)
+        return run_stage("sft", None, [*TINY_SFT, *settings], runs)
+
+
+@pytest.mark.parametrize("schedule, last_lr", [("cosine", 0.0), ("constant", 1e-2)])
+def test_the_learning_rate_at_the_last_update(runs, monkeypatch, schedule, last_lr):
+    seen = []
+    settings = ["limit=16", "max_steps=6", f"lr_schedule={schedule}", f"name={schedule}"]
+    art = _sft_watching(runs, monkeypatch, settings, lambda trainer: seen.append(trainer.lr_scheduler.get_last_lr()[0]))
     assert art.manifest["metrics"]["steps"] == 6
-    assert seen["lr"] == pytest.approx(last_lr, abs=1e-9)
+    assert seen == [pytest.approx(last_lr, abs=1e-9)]
 
 
 def test_an_unknown_schedule_is_one_clear_error(runs):
@@ -55,22 +57,16 @@ def test_an_unknown_schedule_is_one_clear_error(runs):
 
 
 def _batch_spreads(runs, monkeypatch, sampling: str) -> list[int]:
-    """Longest minus shortest unpadded sample in each batch of the run's first epoch."""
-    from r3rag.training import trainers
+    """Longest minus shortest unpadded sample in each batch of one epoch's order."""
+    spreads = []
 
-    seen = []
-    train = trainers.FastSFTTrainer.train
-
-    def spy(self, *args, **kwargs):
-        for batch in self.get_train_dataloader():
+    def watch(trainer):
+        for batch in trainer.get_train_dataloader():
             lengths = (batch["input_ids"] != 0).sum(1)  # the tiny tokenizer's pad id is 0
-            seen.append(int(lengths.max() - lengths.min()))
-        return train(self, *args, **kwargs)
+            spreads.append(int(lengths.max() - lengths.min()))
 
-    with monkeypatch.context() as patch:
-        patch.setattr(trainers.FastSFTTrainer, "train", spy)
-        run_stage("sft", None, [*TINY_SFT, "limit=64", "max_steps=2", f"sampling={sampling}", f"name={sampling}"], runs)
-    return seen
+    _sft_watching(runs, monkeypatch, ["limit=64", "max_steps=2", f"sampling={sampling}", f"name={sampling}"], watch)
+    return spreads
 
 
 def test_random_sampling_mixes_lengths_that_by_length_keeps_apart(runs, monkeypatch):

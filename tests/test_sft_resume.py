@@ -6,7 +6,6 @@ import torch
 
 from r3rag.experiments.pipeline import run_stage
 from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
-from tests.conftest import build_teacher_data
 
 # 48 trajectories, 8 a batch, 2 epochs: 12 updates, 6 an epoch; a checkpoint every 3
 TINY = ["layers=1", "hidden=32", "heads=2", "intermediate=64", "bf16=false", "lr=1e-2"]
@@ -18,10 +17,8 @@ class _Killed(Exception):
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("sft-resume-runs")
-    build_teacher_data(runs)
-    return runs
+def runs(teacher_runs):
+    return teacher_runs
 
 
 def _kill_after_checkpoint(monkeypatch, step: int) -> None:

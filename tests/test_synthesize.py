@@ -14,18 +14,14 @@ from r3rag.core.protocol import Protocol
 from r3rag.experiments.pipeline import run_stage
 from r3rag.util.jsonl import read_jsonl
 from tests.chat_server import ChatServer
-from tests.conftest import TINY_WORLD
 from tests.world_teacher import WorldTeacher, question_of
 
 SECRET = "sk-test-NEVER-STORED-42"
 
 
 @pytest.fixture(scope="module")
-def runs(tmp_path_factory):
-    runs = tmp_path_factory.mktemp("synth-runs")
-    run_stage("world", None, [f"{k}={v}" for k, v in TINY_WORLD.items()], runs)
-    run_stage("index", None, [], runs)
-    return runs
+def runs(world_index_runs):
+    return world_index_runs
 
 
 def train_questions(runs, n):
