@@ -37,7 +37,7 @@ def cold_start(runs: Path) -> dict:
     import yaml
 
     from r3rag.experiments.pipeline import run_stages
-    from tests.test_vllm_real import COLD_START, PIPELINE
+    from tests.vllm_policy import COLD_START, PIPELINE
 
     data = yaml.safe_load(PIPELINE.read_text())
     stages = ["model", "world", "index", "synthesize", "sft"]
@@ -100,7 +100,7 @@ def rollout_figures(refs: dict, questions: list[dict], sections: set[str]) -> di
 
 def grpo_step_seconds(runs: Path, refs: dict, backend: str) -> float:
     from r3rag.experiments.pipeline import run_stage
-    from tests.test_vllm_real import PIPELINE
+    from tests.vllm_policy import PIPELINE
 
     settings = ["steps=2", "prompts_per_step=2", "num_generations=4", "grad_accum=1", "max_new_tokens=48"]
     settings += ["max_turns=2", "max_completion_tokens=640", "save_steps=0", f"vllm={backend}"]

@@ -14,44 +14,15 @@ Each skips with one line without vLLM, the [real] extra or the shared data. Minu
 
 from __future__ import annotations
 
-import importlib.util
 import json
-from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(2400)]
+from tests.vllm_policy import PIPELINE, searching_policy, vllm_installed  # noqa: F401 (fixtures)
 
-PIPELINE = Path(__file__).resolve().parents[1] / "pipelines" / "real-smollm2.yaml"
-# 10 training questions a data set, 8 oracle trajectories, 8 SFT updates at a high lr: enough for
-# SmolLM2 to take up the loop (2 searches a question), in ~4 min on 2 cores. The test split: the first
-# 10 HotpotQA, MuSiQue and 2Wiki dev questions, 30 in all.
-COLD_START = {
-    "world": ["limits={train: 10, test: 10}"],
-    "synthesize": ["max_doc_chars=150"],
-    "sft": ["epochs=2", "limit=8", "max_length=1024", "lr=3e-4", "grad_accum=1", "warmup_ratio=0", "save_steps=0"],
-}
 EVAL = ["rl=", "systems=[sft]", "models={}", "compare_to=[]", "max_new_tokens=64", "limit=0"]
 
-
-@pytest.fixture(scope="module")
-def vllm_installed():
-    if importlib.util.find_spec("vllm") is None:
-        pytest.skip("vLLM not installed (make install-vllm)")
-
-
-@pytest.fixture(scope="module")
-def searching_policy(vllm_installed, smollm2_runs, shared_root):
-    """(runs, {stage: ref}): SmolLM2 after a short SFT cold start on real questions."""
-    import yaml
-
-    from r3rag.experiments.pipeline import run_stages
-
-    runs, model = smollm2_runs
-    data = yaml.safe_load(PIPELINE.read_text())
-    stages = ["world", "index", "synthesize", "sft"]
-    refs = run_stages(PIPELINE, data, stages, {s: COLD_START.get(s, []) for s in stages}, runs, bound={"model": model})
-    return runs, refs
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
 def _eval(runs, refs, *settings):

@@ -7,6 +7,7 @@ Usage:
     r3rag --verbose sft              # also the libraries' own progress bars, warnings and logs
     r3rag runs
     r3rag serve-retriever --index index:latest --port 8000
+    r3rag serve-vllm --model sft:latest --port 8001   # GRPO's rl.vllm=server
 
 This module is the app: its global options, a command per stage and the list of the commands, in the
 order `r3rag --help` shows them. The options, the help classes and the error guard every command uses
@@ -119,6 +120,7 @@ app.command("import-model")(commands.import_model_cmd)
 app.command("import")(commands.import_cmd)
 app.command("run")(run.run_cmd)
 app.command("serve-retriever")(commands.serve_retriever_cmd)
+app.command("serve-vllm")(commands.serve_vllm_cmd)
 app.command("runs")(commands.runs_cmd)
 app.add_typer(data.app, name="data")
 

@@ -277,3 +277,66 @@ def runs_cmd(
         list_runs(stage, runs_dir)
 
     guard(go, debug)
+
+
+def serve_vllm_cmd(
+    model: Annotated[
+        str,
+        typer.Option(
+            "--model", help="The policy: sft:latest, rl:ID, model:latest (any STAGE:REF), or a model path / hub id."
+        ),
+    ] = "sft:latest",
+    host: Annotated[
+        str, typer.Option("--host", help="Interface to bind (0.0.0.0 exposes it to the network).")
+    ] = "127.0.0.1",
+    port: Annotated[int, typer.Option("--port", help="TCP port.")] = 8000,
+    max_model_len: Annotated[
+        int, typer.Option("--max-model-len", help="Longest trajectory in tokens (0: the model's own context).")
+    ] = 0,
+    dtype: Annotated[
+        str, typer.Option("--dtype", help="auto: fp32 on the CPU (as the trainer), the model's own on a GPU.")
+    ] = "auto",
+    gpu_memory: Annotated[
+        float, typer.Option("--gpu-memory", help="On a GPU: the share of its memory vLLM takes.")
+    ] = 0.9,
+    kv_cache_gb: Annotated[
+        float, typer.Option("--kv-cache-gb", help="On the CPU: RAM for the KV cache, in GiB.")
+    ] = 2.0,
+    runs_dir: RunsOpt = None,
+    debug: DebugOpt = False,
+):
+    """Serve a policy with vLLM for GRPO's server mode (`--set vllm=server --set vllm_server_url=http://HOST:PORT`).
+
+    vLLM's OpenAI server with the routes TRL's weight sync calls, and its weight transfer: NCCL on a
+    GPU, gloo on the CPU (vLLM's CPU build). Runs until stopped (Ctrl-C).
+    """
+
+    def go():
+        import os
+
+        from r3rag.generation.vllm import on_gpu, require_vllm
+        from r3rag.generation.vllm_server import serve_command
+
+        require_vllm("serve-vllm")
+        if port < 1 or max_model_len < 0:
+            raise UserError("serve-vllm: --port must be at least 1 and --max-model-len at least 0")
+        path = _policy_path(model, runs_dir)
+        argv, env = serve_command(path, host, port, max_model_len, dtype, gpu_memory, kv_cache_gb, gpu=on_gpu())
+        print(f"serve-vllm: {path} on http://{host}:{port}", file=sys.stderr, flush=True)
+        os.execve(argv[0], argv, {**os.environ, **env})  # vLLM's server in this process: Ctrl-C reaches it
+
+    guard(go, debug)
+
+
+def _policy_path(model: str, runs_dir) -> str:
+    """A STAGE:REF artifact's weights directory (or the model its model.json names), else `model` as given."""
+    import json
+
+    stage, _, ref = model.partition(":")
+    if not ref or stage not in ("model", "base", "sft", "rl"):
+        return model
+    from r3rag.core.artifacts import resolve
+
+    art = resolve(model, stage, runs_dir)
+    pointer = art.path / "model.json"
+    return json.loads(pointer.read_text())["model"] if pointer.is_file() else str(art.path / "model")

@@ -203,10 +203,15 @@ def resolve_vllm(mode: str) -> str:
 def trl_vllm_flags(cfg: GRPOSettings) -> dict:
     """GRPOConfig's vLLM flags. On the CPU (vLLM's CPU build) TRL's `vllm_gpu_memory_utilization`
     would be read as a share of RAM, refused when that much is not free: the KV cache is sized in
-    GiB instead, through the variable vLLM's CPU backend reads (a user's own setting wins)."""
+    GiB instead, through the variable vLLM's CPU backend reads (a user's own setting wins). A server
+    without CUDA gets the weights over gloo (r3rag.generation.vllm_server)."""
     if cfg.vllm == "colocate" and not on_gpu():
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.vllm_kv_cache_gb))
         guard_module_scan()  # TRL starts the engine in this process
+    if cfg.vllm == "server" and not on_gpu():  # TRL's weight sync is NCCL's: to a CPU server over gloo
+        from r3rag.generation.vllm_server import use_gloo_weight_sync
+
+        use_gloo_weight_sync()
     return dict(
         use_vllm=True,
         vllm_mode=cfg.vllm,

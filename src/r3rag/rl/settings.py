@@ -61,7 +61,7 @@ class GRPOSettings(EnvSettings):  # top_k, max_turns, max_new_tokens: r3rag.core
     static_cache: bool = False  # transformers: compiled static-cache decoding (GPUs; see benchmarks/gpu.sh)
     # auto (colocate where vLLM is installed and a GPU present), "" (transformers), colocate or server
     vllm: VllmMode = "auto"
-    vllm_server_url: str = ""  # vllm=server: TRL's vLLM server
+    vllm_server_url: str = ""  # vllm=server: the server (r3rag serve-vllm), e.g. http://127.0.0.1:8001
     vllm_gpu_memory: float = 0.3  # vllm=colocate: share of the GPU's memory vLLM takes
     vllm_kv_cache_gb: int = unhashed(2)  # vllm=colocate on the CPU: RAM for vLLM's KV cache, in GiB
     vllm_max_model_len: int = unhashed(0)  # vllm=colocate: vLLM's context in tokens (0: the model's own)

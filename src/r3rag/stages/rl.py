@@ -44,6 +44,7 @@ Usage:
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import shutil
@@ -135,7 +136,8 @@ def run(cfg: Config, ctx: Context):
     clock = TrainClock(resume_from, work / "metrics.jsonl")  # seconds survive a resume
     trainer = _trainer(cfg, model, tokenizer, protocol_dict, questions, dev, inputs, work, state.process_index)
     trainer.add_callback(clock)
-    trainer.train(resume_from_checkpoint=resume_from)
+    with _server_guard(backend, cfg.vllm_server_url):
+        trainer.train(resume_from_checkpoint=resume_from)
     trainer.save_model(str(work / "final"))  # on every rank: gathers ZeRO-3 / FSDP shards
     if not state.is_main_process:
         state.wait_for_everyone()  # the main process publishes
@@ -212,6 +214,15 @@ def _dev_questions(cfg: Config, inputs) -> list[dict]:
         raise UserError(f"rl.eval_every: {where}; set rl.eval_questions to a question JSONL file (or eval_every=0)")
     questions = read_jsonl(path, required=("id", "question", "golden_answers"))
     return questions[: cfg.eval_limit] if cfg.eval_limit else questions
+
+
+def _server_guard(backend: str, url: str):
+    """rl.vllm=server: a server lost mid-run is one line (the checkpoints stay for --resume)."""
+    if backend != "server":
+        return contextlib.nullcontext()
+    from r3rag.generation.vllm_server import server_lost
+
+    return server_lost(url)
 
 
 def _trainer(cfg: Config, model, tokenizer, protocol_dict, questions, dev, inputs, work: Path, rank: int):

@@ -1,0 +1,146 @@
+"""GRPO's server mode for real: `r3rag serve-vllm --model sft:latest` runs vLLM's CPU build as its own process on
+loopback, the trainer (rl.vllm=server) generates through it and sends each step's weights over gloo
+(r3rag.generation.vllm_server); no stand-in.
+
+- 2 steps: the server's greedy output moves (the new weights reached it), the trained weights
+  differ from the cold start's, the server stops cleanly on Ctrl-C;
+- the server killed mid-run: one line naming --resume, the last checkpoint kept; a new server and
+  `resume=true` finish the run from that checkpoint.
+
+Minutes on 2 cores (each server start ~1 min). Skips with one line without vLLM, [real] or the data.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.vllm_policy import PIPELINE, searching_policy, vllm_installed  # noqa: F401 (fixtures)
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(2400)]
+
+SETTINGS = ["prompts_per_step=2", "num_generations=4", "grad_accum=1", "max_new_tokens=48", "max_turns=2"]
+SETTINGS += ["max_completion_tokens=640", "lr=1e-3", "rewards={em: 1.0, format: 0.5}", "vllm=server"]
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Server:
+    """`r3rag serve-vllm` in its own process group (the API server and its engine core)."""
+
+    def __init__(self, runs: Path, log: Path):
+        import requests
+
+        self.port = _free_port()
+        self.url = f"http://127.0.0.1:{self.port}"
+        cmd = [sys.executable, "-m", "r3rag.cli", "serve-vllm", "--model", "sft:latest", "--runs-dir", str(runs)]
+        cmd += ["--port", str(self.port), "--max-model-len", "2048", "--kv-cache-gb", "1"]
+        self.log = log
+        self.proc = subprocess.Popen(cmd, stdout=log.open("w"), stderr=subprocess.STDOUT, start_new_session=True)
+        deadline = time.time() + 600
+        while time.time() < deadline:
+            assert self.proc.poll() is None, f"serve-vllm exited: {log.read_text()[-2000:]}"
+            try:
+                if requests.get(f"{self.url}/health", timeout=2).status_code == 200:
+                    return
+            except requests.RequestException:
+                pass
+            time.sleep(2)
+        raise AssertionError(f"serve-vllm did not come up in 600 s: {log.read_text()[-2000:]}")
+
+    def greedy(self, prompt: str) -> list[int]:
+        from trl.generation.vllm_client import VLLMClient
+
+        out = VLLMClient(base_url=self.url).generate([prompt], temperature=0.0, max_tokens=16)
+        return out["completion_ids"][0]
+
+    def stop(self) -> int:
+        self.proc.send_signal(signal.SIGINT)  # as Ctrl-C
+        return self.proc.wait(timeout=120)
+
+    def kill(self) -> None:
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait(timeout=60)
+
+
+def _rl(runs, policy: Path, server: Server, *settings: str):
+    from r3rag.experiments.pipeline import run_stage
+
+    return run_stage("rl", PIPELINE, [*SETTINGS, f"policy={policy}", f"vllm_server_url={server.url}", *settings], runs)
+
+
+def _steps(ref) -> list[int]:
+    return [json.loads(line)["step"] for line in (ref.path / "metrics.jsonl").open()]
+
+
+def test_grpo_through_a_vllm_server_trains_and_the_weights_reach_it(searching_policy, tmp_path):
+    from r3rag.training.modeling import load_model
+
+    runs, refs = searching_policy
+    policy = refs["sft"].path
+    prompt = "<|im_start|>user\nWho wrote Hamlet?<|im_end|>\n<|im_start|>assistant\n"
+    server = Server(runs, tmp_path / "server.log")
+    try:
+        before = server.greedy(prompt)
+        ref = _rl(runs, policy, server, "steps=2", "save_steps=0", "name=server")
+        after = server.greedy(prompt)  # the weights TRL sent before step 2's rollouts
+    finally:
+        code = server.stop()
+    assert _steps(ref) == [1, 2]
+    start = load_model(policy / "model", dtype="float32").state_dict()
+    trained = load_model(ref.path / "model", dtype="float32").state_dict()
+    assert any((start[k] - trained[k]).abs().max() > 0 for k in start)
+    assert after != before, "the server's greedy output did not move: the weights did not reach it"
+    assert code in (0, -signal.SIGINT), f"the server did not stop cleanly ({code}): {server.log.read_text()[-1500:]}"
+    assert "Creating weight transfer engine: GlooWeightTransferEngine" in server.log.read_text()
+
+
+def test_a_server_killed_mid_run_is_one_line_and_resume_continues(searching_policy, tmp_path):
+    from r3rag.util.errors import UserError
+
+    runs, refs = searching_policy
+    policy = refs["sft"].path
+    settings = ("steps=3", "save_steps=1", "name=killed")
+    server = Server(runs, tmp_path / "server1.log")
+    killed = threading.Event()
+
+    def kill_after_first_checkpoint():
+        while not killed.is_set():
+            if list(runs.glob("rl/**/checkpoint-1/trainer_state.json")):
+                server.kill()
+                killed.set()
+            time.sleep(0.5)
+
+    watcher = threading.Thread(target=kill_after_first_checkpoint, daemon=True)
+    watcher.start()
+    try:
+        with pytest.raises(UserError) as lost:
+            _rl(runs, policy, server, *settings)
+    finally:
+        killed.set()
+        if server.proc.poll() is None:
+            server.kill()
+    message = str(lost.value)
+    assert "\n" not in message and "stopped answering" in message and "--resume" in message
+    assert list(runs.glob("rl/**/checkpoint-1/trainer_state.json")), "the last checkpoint was not kept"
+
+    server = Server(runs, tmp_path / "server2.log")
+    try:
+        ref = _rl(runs, policy, server, *settings, "resume=true")
+    finally:
+        server.stop()
+    assert _steps(ref)[-1] == 3
+    assert json.loads((ref.path / "manifest.json").read_text())["metrics"]["resumed_from_step"] == 1
