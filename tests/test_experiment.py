@@ -111,9 +111,9 @@ def test_bad_experiments_fail_with_one_line(tmp_path, change, needles):
 def test_replicate_pipeline_dry_run_plans_every_variant(tmp_path):
     out = r3rag_inprocess("run", ROOT / "pipelines" / "replicate.yaml", "--dry-run", "--runs-dir", tmp_path / "runs")
     assert out.returncode == 0, out.stderr
-    for seed in (0, 1, 2):  # three seeds of GRPO and of both matched controls, each from its own cold start
-        assert f"main#s{seed}: rl" in out.stdout and f"rft#s{seed}: synthesize" in out.stdout
-    assert "max_steps=200" in out.stdout and "keep=all" in out.stdout
+    for seed in (0, 1, 2):  # three seeds of GRPO, its control and the masking ablation, each from its own cold start
+        assert f"main#s{seed}: rl" in out.stdout and f"nomask#s{seed}: rl" in out.stdout
+    assert "max_steps=100" in out.stdout and "steps=100" in out.stdout
     from r3rag.experiments.run import plan_file
 
     plan = {row["stage"]: row for row in plan_file(ROOT / "pipelines" / "replicate.yaml", [], tmp_path / "runs")}
@@ -124,26 +124,27 @@ def test_replicate_pipeline_dry_run_plans_every_variant(tmp_path):
     assert_one_line_error(bad, "report.x=1", "not a stage")
 
 
-def test_replicate_ablations_dry_run_keeps_the_replication_settings_at_200_steps(tmp_path):
-    """replicate-ablations.yaml extends replicate.yaml: the same world, seeds, cold start and GRPO
-    (so it reuses their artifacts), each ablation at the main run's 200 steps."""
+def test_replicate_ablations_dry_run_keeps_the_replication_settings(tmp_path):
+    """replicate-ablations.yaml and replicate-extras.yaml extend replicate.yaml: the same world, seeds,
+    cold start and GRPO (so they reuse its artifacts), each ablation at the main run's 100 steps."""
     from r3rag.experiments.pipeline import _load_pipeline
 
     base = _load_pipeline(ROOT / "pipelines" / "replicate.yaml")
     ablations = _load_pipeline(ROOT / "pipelines" / "replicate-ablations.yaml")
     for section in ("world", "index", "synthesize", "sft", "rl", "eval", "seeds"):
         assert ablations[section] == base[section]
-    assert {"nomask", "process"} <= set(ablations["variants"])
+    assert "process" in ablations["variants"] and "nomask" in base["variants"]  # masking: a main arm
     extras = _load_pipeline(ROOT / "pipelines" / "replicate-extras.yaml")  # the arms cut for the budget
-    assert {"lora_rl", "lora", "scratch", "process_oracle"} == set(extras["variants"])
-    assert extras["seeds"] == base["seeds"]
+    cut = {"rft", "reader_closed", "reader_rag3", "fresh_rag12", "lora_rl", "lora", "scratch", "process_oracle"}
+    assert set(extras["variants"]) == cut | {"main", "fresh"}  # the two name the cold starts they start from
+    assert not cut & set(base["variants"]) and extras["seeds"] == base["seeds"]
     assert not any("steps" in s for v in ablations["variants"].values() for s in v.get("set", []))
     assert any("ORACLE" in label for label in extras["table"])  # gold relevance is labelled an oracle
     out = r3rag_inprocess(
         "run", ROOT / "pipelines" / "replicate-ablations.yaml", "--dry-run", "--runs-dir", tmp_path / "runs"
     )
     assert out.returncode == 0, out.stderr
-    assert "nomask#s2: rl" in out.stdout and "steps=200" in out.stdout
+    assert "process#s2: rl" in out.stdout and "steps=100" in out.stdout
 
 
 def test_train_minutes_follow_a_model_another_variant_trained(tmp_path):

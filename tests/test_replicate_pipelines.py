@@ -37,7 +37,9 @@ def test_readers_train_on_the_cold_starts_questions_and_budget():
     template, top_k), its start (the same seed's and world's cold-start policy) and what eval runs;
     the questions, trajectory count, epochs and lr are the cold start's."""
     p = _load_pipeline(PIPELINES / "replicate.yaml")
-    readers = {n: v for n, v in p["variants"].items() if "synthesize.reader" in _sets(v)}
+    extras = _load_pipeline(PIPELINES / "replicate-extras.yaml")  # the readers cut for the budget
+    variants = {**p["variants"], **extras["variants"]}
+    readers = {n: v for n, v in variants.items() if "synthesize.reader" in _sets(v)}
     assert {_sets(v)["synthesize.reader"] for v in readers.values()} == {"closed-book", "rag", "gold"}
     for name, v in readers.items():
         keys = set(_sets(v)) - {"world.seed"}

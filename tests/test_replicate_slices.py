@@ -176,14 +176,17 @@ def test_a_slice_runs_its_variants_and_the_stages_they_start_from():
 
     path = ROOT / "pipelines" / "replicate.yaml"
     experiment, slices = load_slices(path, load_pipeline(path))
-    assert len(slices) == 18 and all(s["minutes"] <= 100 for s in slices.values())  # 6 kinds x 3 seeds
-    sub = slice_experiment(path, experiment, slices["w1-rft-s2"])
+    assert len(slices) == 9 and all(s["minutes"] <= 100 for s in slices.values())  # 3 kinds x 3 seeds
+    sub = slice_experiment(path, experiment, slices["w1-readers-nomask-s2"])
     assert {v: s["stages"] for v, s in sub["variants"].items()} == {
         "main#s2": ["world", "index", "synthesize", "sft"],  # its cold start: no GRPO, no eval item left
-        "rft#s2": COLD,
+        "reader_rag12#s2": COLD,
+        "reader_gold#s2": COLD,
+        "nomask#s2": ["world", "index", "synthesize", "sft", "rl", "eval"],
     }
     assert sub["variants"]["main#s2"]["set"] == ["synthesize.seed=2", "sft.seed=2"]
-    assert list(sub["table"].values()) == ["rft#s2/sft"] and "results" not in sub and "slices" not in sub
+    assert list(sub["table"].values()) == ["reader_rag12#s2/rag", "reader_gold#s2/gold", "nomask#s2/rl"]
+    assert "results" not in sub and "slices" not in sub
 
 
 def test_a_slice_file_holds_every_outcome_and_is_written_atomically(tiny, monkeypatch):
