@@ -83,6 +83,31 @@ def test_the_gloo_client_delivers_every_tensor_in_order(weight_server):
     ]
 
 
+def test_a_server_that_fails_the_update_ends_the_sync_at_once(weight_server, monkeypatch):
+    """Its workers never ask for the tensors: the broadcast ends at gloo's timeout, the request says why."""
+    import time
+    from datetime import timedelta
+
+    answer = WeightRoutes.do_POST
+
+    def refuse_the_update(self):
+        if self.path != "/update_weights":
+            return answer(self)
+        self.rfile.read(int(self.headers["Content-Length"]))
+        self.send_response(400)
+        self.send_header("Content-Length", "0")
+        self.end_headers()
+
+    monkeypatch.setattr(WeightRoutes, "do_POST", refuse_the_update)
+    monkeypatch.setattr(vllm_server, "TIMEOUT", timedelta(seconds=3))  # 2 min in use
+    client = vllm_server.gloo_client_class()(base_url=weight_server)
+    client.init_communicator(device="cpu")
+    start = time.monotonic()
+    with pytest.raises(Exception, match="Request failed: 400"):
+        client.update_model_params(torch.nn.Linear(64, 64))
+    assert time.monotonic() - start < 30
+
+
 def test_a_server_without_the_gloo_transfer_is_named(weight_server, monkeypatch):
     monkeypatch.setattr(WeightRoutes, "do_GET", _server_info_with({"backend": "nccl"}))
     client = vllm_server.gloo_client_class()(base_url=weight_server)

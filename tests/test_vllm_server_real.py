@@ -2,12 +2,12 @@
 loopback, the trainer (rl.vllm=server) generates through it and sends each step's weights over gloo
 (r3rag.generation.vllm_server); no stand-in.
 
-- 2 steps: the server's greedy output moves (the new weights reached it), the trained weights
-  differ from the cold start's, the server stops cleanly on Ctrl-C;
-- the server killed mid-run: one line naming --resume, the last checkpoint kept; a new server and
-  `resume=true` finish the run from that checkpoint.
+One run of 3 GRPO steps (one server start fewer than two tests): its server killed after the first
+checkpoint gives one line naming --resume and keeps the checkpoint; a new server and `resume=true`
+finish the run from it, the new server's greedy output moves (the trained weights reached it) and it
+stops cleanly on Ctrl-C.
 
-Minutes on 2 cores (each server start ~1 min). Skips with one line without vLLM, [real] or the data.
+~10 min on 2 cores (each server start ~1 min). Skips with one line without vLLM, [real] or the data.
 """
 
 from __future__ import annotations
@@ -86,34 +86,14 @@ def _steps(ref) -> list[int]:
     return [json.loads(line)["step"] for line in (ref.path / "metrics.jsonl").open()]
 
 
-def test_grpo_through_a_vllm_server_trains_and_the_weights_reach_it(searching_policy, tmp_path):
+def test_grpo_through_a_vllm_server_a_killed_server_and_resume(searching_policy, tmp_path):
+    """One run of 3 steps: its server killed after the first checkpoint, then resumed on a new one."""
     from r3rag.training.modeling import load_model
-
-    runs, refs = searching_policy
-    policy = refs["sft"].path
-    prompt = "<|im_start|>user\nWho wrote Hamlet?<|im_end|>\n<|im_start|>assistant\n"
-    server = Server(runs, tmp_path / "server.log")
-    try:
-        before = server.greedy(prompt)
-        ref = _rl(runs, policy, server, "steps=2", "save_steps=0", "name=server")
-        after = server.greedy(prompt)  # the weights TRL sent before step 2's rollouts
-    finally:
-        code = server.stop()
-    assert _steps(ref) == [1, 2]
-    start = load_model(policy / "model", dtype="float32").state_dict()
-    trained = load_model(ref.path / "model", dtype="float32").state_dict()
-    assert any((start[k] - trained[k]).abs().max() > 0 for k in start)
-    assert after != before, "the server's greedy output did not move: the weights did not reach it"
-    assert code in (0, -signal.SIGINT), f"the server did not stop cleanly ({code}): {server.log.read_text()[-1500:]}"
-    assert "Creating weight transfer engine: GlooWeightTransferEngine" in server.log.read_text()
-
-
-def test_a_server_killed_mid_run_is_one_line_and_resume_continues(searching_policy, tmp_path):
     from r3rag.util.errors import UserError
 
     runs, refs = searching_policy
     policy = refs["sft"].path
-    settings = ("steps=3", "save_steps=1", "name=killed")
+    settings = ("steps=3", "save_steps=1", "name=server")
     server = Server(runs, tmp_path / "server1.log")
     killed = threading.Event()
 
@@ -124,8 +104,7 @@ def test_a_server_killed_mid_run_is_one_line_and_resume_continues(searching_poli
                 killed.set()
             time.sleep(0.5)
 
-    watcher = threading.Thread(target=kill_after_first_checkpoint, daemon=True)
-    watcher.start()
+    threading.Thread(target=kill_after_first_checkpoint, daemon=True).start()
     try:
         with pytest.raises(UserError) as lost:
             _rl(runs, policy, server, *settings)
@@ -136,11 +115,20 @@ def test_a_server_killed_mid_run_is_one_line_and_resume_continues(searching_poli
     message = str(lost.value)
     assert "\n" not in message and "stopped answering" in message and "--resume" in message
     assert list(runs.glob("rl/**/checkpoint-1/trainer_state.json")), "the last checkpoint was not kept"
+    assert '"POST /update_weights HTTP/1.1" 200' in server.log.read_text()  # step 1's weights went over gloo
 
     server = Server(runs, tmp_path / "server2.log")
+    prompt = "<|im_start|>user\nWho wrote Hamlet?<|im_end|>\n<|im_start|>assistant\n"
     try:
+        before = server.greedy(prompt)  # the cold start's weights, as served
         ref = _rl(runs, policy, server, *settings, "resume=true")
+        after = server.greedy(prompt)  # the weights the trainer sent before step 3's rollouts
     finally:
-        server.stop()
+        code = server.stop()
     assert _steps(ref)[-1] == 3
     assert json.loads((ref.path / "manifest.json").read_text())["metrics"]["resumed_from_step"] == 1
+    start = load_model(policy / "model", dtype="float32").state_dict()
+    trained = load_model(ref.path / "model", dtype="float32").state_dict()
+    assert any((start[k] - trained[k]).abs().max() > 0 for k in start)
+    assert after != before, "the server's greedy output did not move: the weights did not reach it"
+    assert code in (0, -signal.SIGINT), f"the server did not stop cleanly ({code}): {server.log.read_text()[-1500:]}"

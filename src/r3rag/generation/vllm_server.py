@@ -32,7 +32,9 @@ from datetime import timedelta
 from r3rag.util.errors import UserError
 
 BACKEND = "gloo"
-TIMEOUT = timedelta(minutes=10)  # a worker waits this long for the trainer's next tensor
+# How long one side of a sync waits for the other (each tensor; the rendezvous). A broadcast to a
+# server that died waits out this timeout (gloo sends once the receiver asks), then the run stops.
+TIMEOUT = timedelta(minutes=2)
 
 
 def register() -> None:
@@ -226,10 +228,16 @@ def gloo_client_class():
             update = {"names": names, "dtype_names": dtype_names, "shapes": shapes}
             if not self._updating_weights:
                 self._start_weight_update()
+
             with ThreadPoolExecutor(max_workers=1) as pool:  # the workers receive while we send
                 received = pool.submit(self._post, f"{self.base_url}/update_weights", json={"update_info": update})
-                for _, tensor in named_params:
-                    broadcast(self.communicator, tensor.detach().to("cpu").contiguous())
+                try:
+                    for _, tensor in named_params:
+                        broadcast(self.communicator, tensor.detach().to("cpu").contiguous())
+                except RuntimeError as e:  # gloo timed out: a server that died never asks for the tensors
+                    if received.exception() is not None:  # its request says why
+                        raise received.exception() from e
+                    raise
                 received.result()
             if not self._updating_weights:
                 self._finish_weight_update()
