@@ -1,5 +1,5 @@
-"""One way for a setting to stay out of an artifact's hash (`config.unhashed`): changing such a
-setting keeps the artifact id (a rerun reuses or resumes the artifact), changing any other one
+"""One way for a setting to stay out of an artifact's hash (`config.unhashed`; `unhashed_since_built`
+for one that was hashed once): changing such a setting keeps the artifact id (a rerun reuses or resumes the artifact), changing any other one
 gives a new id, and the manifest's config still records both."""
 
 import dataclasses
@@ -13,7 +13,11 @@ from r3rag.util.config import hashed_settings, hashed_when_set, unhashed
 
 # stage module, settings that only say how to run, a setting that changes what is made
 CASES = [
-    (rl, {"threads": 4, "resume": True, "report_to": ["tensorboard"]}, {"beta": 0.001}),
+    (
+        rl,
+        {"threads": 4, "resume": True, "report_to": ["tensorboard"], "vllm_server_url": "http://h:1"},
+        {"beta": 0.001},
+    ),
     (synthesize, {"threads": 4, "concurrency": 2, "timeout": 5.0, "max_retries": 1, "batch_size": 8}, {"top_k": 5}),
     (sft, {"threads": 4}, {"lr": 1e-4}),
     (eval_stage, {"threads": 4, "static_cache": True}, {"batch_size": 4}),  # sampled draws follow the batches
@@ -38,7 +42,9 @@ def test_unhashed_settings_keep_the_artifact_id_and_others_change_it(tmp_path, m
 def test_no_stage_keeps_its_own_list_of_unhashed_settings():
     for module, how, _ in CASES:
         assert not hasattr(module.Config, "UNHASHED") and not hasattr(module, "OPERATIONAL")
-        marked = {f.name for f in dataclasses.fields(module.Config) if f.metadata.get("hashed") is False}
+        marked = {
+            f.name for f in dataclasses.fields(module.Config) if f.metadata.get("hashed") in (False, "as_default")
+        }
         assert set(how) <= marked, module.__name__
 
 
@@ -78,3 +84,22 @@ def test_a_setting_added_later_enters_the_hash_only_when_set():
     assert hashed_settings(Grown()) == hashed_settings(before())  # old artifacts keep their ids
     assert hashed_settings(Grown(added="all")) == {"a": 1, "added": "all"}
     assert hashed_settings(Grown(a=2)) != hashed_settings(Grown())
+
+
+def test_a_setting_unhashed_since_built_keeps_the_ids_built_with_it():
+    """`unhashed_since_built`: hashed at its default whatever its value, so the artifacts built while
+    it was hashed (at that default) keep their ids, and another value keeps them too."""
+    from r3rag.util.config import unhashed_since_built
+
+    @dataclasses.dataclass
+    class Then:
+        lr: float = 1e-3
+        url: str = ""
+
+    @dataclasses.dataclass
+    class Now:
+        lr: float = 1e-3
+        url: str = unhashed_since_built("")
+
+    assert hashed_settings(Now(url="http://h:1")) == hashed_settings(Now()) == hashed_settings(Then())
+    assert hashed_settings(Now(lr=1e-4)) != hashed_settings(Now())

@@ -17,7 +17,7 @@ from typing import Literal
 
 from r3rag.core.env import EnvSettings
 from r3rag.training.checkpoints import check_save_steps
-from r3rag.util.config import check_literals, unhashed
+from r3rag.util.config import check_literals, unhashed, unhashed_since_built
 from r3rag.util.errors import UserError
 
 LossType = Literal["dapo", "grpo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
@@ -61,7 +61,9 @@ class GRPOSettings(EnvSettings):  # top_k, max_turns, max_new_tokens: r3rag.core
     static_cache: bool = False  # transformers: compiled static-cache decoding (GPUs; see benchmarks/gpu.sh)
     # auto (colocate where vLLM is installed and a GPU present), "" (transformers), colocate or server
     vllm: VllmMode = "auto"
-    vllm_server_url: str = ""  # vllm=server: the server (r3rag serve-vllm), e.g. http://127.0.0.1:8001
+    # vllm=server: the server (r3rag serve-vllm), e.g. http://127.0.0.1:8001; out of the artifact's id, so a
+    # run whose server died resumes on a new one at another address
+    vllm_server_url: str = unhashed_since_built("")
     vllm_gpu_memory: float = 0.3  # vllm=colocate: share of the GPU's memory vLLM takes
     vllm_kv_cache_gb: int = unhashed(2)  # vllm=colocate on the CPU: RAM for vLLM's KV cache, in GiB
     vllm_max_model_len: int = unhashed(0)  # vllm=colocate: vLLM's context in tokens (0: the model's own)

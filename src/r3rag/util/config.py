@@ -104,8 +104,8 @@ def build_config(cls, section: dict | None, overrides: dict[str, Any] | None = N
 def unhashed(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING):
     """A dataclass field for a setting that says how to run, not what is made (threads, batch
     sizes, resuming, logging): it stays out of the artifact's config hash, so a rerun with another
-    value reuses (or resumes) the same artifact. The one way a setting leaves the hash; the
-    manifest's config.yaml still records it."""
+    value reuses (or resumes) the same artifact (`unhashed_since_built`: the same for a setting that
+    was hashed once). The manifest's config.yaml still records it."""
     return dataclasses.field(default=default, default_factory=default_factory, metadata={"hashed": False})
 
 
@@ -116,16 +116,28 @@ def hashed_when_set(default: Any):
     return dataclasses.field(default=default, metadata={"hashed": "when_set"})
 
 
+def unhashed_since_built(default: Any):
+    """A dataclass field that entered the config hash (artifacts were built with it) and was then
+    found to say how to run, not what is made (a server's address): it enters the hash at its
+    default whatever its value, so those artifacts keep their ids and a rerun with another value
+    reuses (or resumes) the same artifact."""
+    return dataclasses.field(default=default, metadata={"hashed": "as_default"})
+
+
 def hashed_settings(cfg) -> dict:
     """`cfg` as a dict (like `dataclasses.asdict`) without its `unhashed` fields (nor its
     `hashed_when_set` fields at their defaults), nested settings' included: what enters the
     artifact's config hash."""
-    return {f.name: _hashed(getattr(cfg, f.name)) for f in dataclasses.fields(cfg) if _enters_hash(cfg, f)}
+    return {f.name: _hashed(_hash_value(cfg, f)) for f in dataclasses.fields(cfg) if _enters_hash(cfg, f)}
+
+
+def _hash_value(cfg, f: dataclasses.Field) -> Any:
+    return f.default if f.metadata.get("hashed") == "as_default" else getattr(cfg, f.name)
 
 
 def _enters_hash(cfg, f: dataclasses.Field) -> bool:
     mark = f.metadata.get("hashed", True)
-    return mark is True or (mark == "when_set" and getattr(cfg, f.name) != f.default)
+    return mark in (True, "as_default") or (mark == "when_set" and getattr(cfg, f.name) != f.default)
 
 
 def _hashed(value: Any) -> Any:
