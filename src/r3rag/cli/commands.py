@@ -330,13 +330,10 @@ def serve_vllm_cmd(
 
 def _policy_path(model: str, runs_dir) -> str:
     """A STAGE:REF artifact's weights directory (or the model its model.json names), else `model` as given."""
-    import json
-
     stage, _, ref = model.partition(":")
     if not ref or stage not in ("model", "base", "sft", "rl"):
         return model
     from r3rag.core.artifacts import resolve
+    from r3rag.stages.common import model_location
 
-    art = resolve(model, stage, runs_dir)
-    pointer = art.path / "model.json"
-    return json.loads(pointer.read_text())["model"] if pointer.is_file() else str(art.path / "model")
+    return model_location(model, {stage: resolve(model, stage, runs_dir)}, key=stage)
