@@ -20,6 +20,7 @@ from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
 class WeightRoutes(BaseHTTPRequestHandler):
     """vLLM's dev routes TRL's weight sync calls, with one worker that receives over gloo."""
 
+    transfer = {"backend": "gloo"}  # the weight-transfer config /server_info reports
     group = None
     received: list = []
     calls: list = []
@@ -36,7 +37,7 @@ class WeightRoutes(BaseHTTPRequestHandler):
 
     def do_GET(self):
         if self.path.startswith("/server_info"):
-            config = {"weight_transfer_config": {"backend": "gloo"}, "parallel_config": {"world_size": 1}}
+            config = {"weight_transfer_config": self.transfer, "parallel_config": {"world_size": 1}}
             return self._reply({"vllm_config": config})
         return self._reply({"data": [{"id": "tiny"}], "world_size": 1})  # /health, /v1/models, /get_world_size
 
@@ -109,18 +110,10 @@ def test_a_server_that_fails_the_update_ends_the_sync_at_once(weight_server, mon
 
 
 def test_a_server_without_the_gloo_transfer_is_named(weight_server, monkeypatch):
-    monkeypatch.setattr(WeightRoutes, "do_GET", _server_info_with({"backend": "nccl"}))
+    monkeypatch.setattr(WeightRoutes, "transfer", {"backend": "nccl"})
     client = vllm_server.gloo_client_class()(base_url=weight_server)
     with pytest.raises(UserError, match="has no gloo weight transfer.*--weight-transfer-config"):
         client.init_communicator(device="cpu")
-
-
-def _server_info_with(transfer: dict):
-    def do_GET(self):
-        config = {"weight_transfer_config": transfer, "parallel_config": {"world_size": 1}}
-        self._reply({"vllm_config": config} if self.path.startswith("/server_info") else {"data": [{"id": "m"}]})
-
-    return do_GET
 
 
 def test_serve_command_on_the_cpu_and_on_a_gpu():
