@@ -42,11 +42,14 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.modules.setdefault("jax", None)  # bm25s imports JAX when present; forking after that deadlocks
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "src"))
+
+from r3rag.util.nojax import block_jax  # noqa: E402
+
+block_jax()  # before bm25s: it imports JAX when present, and forking after that deadlocks
 
 import torch  # noqa: E402
 

@@ -355,6 +355,8 @@ def run(args, sections: list[str]) -> None:
 
 
 if __name__ == "__main__":
-    sys.modules.setdefault("jax", None)  # bm25s imports JAX when present; forking after that deadlocks
+    from r3rag.util.nojax import block_jax
+
+    block_jax()  # before bm25s: it imports JAX when present, and forking after that deadlocks
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     main()

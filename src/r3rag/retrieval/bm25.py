@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import sys
 import zlib
 from collections.abc import Sequence
 from pathlib import Path
@@ -34,9 +33,9 @@ from r3rag.core.protocol import Hit
 from r3rag.retrieval.bm25_build import stemmer_of as _stemmer
 from r3rag.retrieval.docstore import DocStore, link_store, open_docs, write_docstore
 from r3rag.util.errors import UserError
+from r3rag.util.nojax import block_jax
 
-# bm25s imports JAX when present; forking after that deadlocks (seen on GPU machines).
-sys.modules.setdefault("jax", None)
+block_jax()  # before bm25s: it imports JAX when present, and forking after that deadlocks
 import bm25s  # noqa: E402
 import numpy as np  # noqa: E402
 from scipy import sparse  # noqa: E402

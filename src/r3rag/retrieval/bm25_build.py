@@ -41,7 +41,6 @@ import itertools
 import multiprocessing as mp
 import os
 import shutil
-import sys
 import threading
 import time
 from collections import deque
@@ -52,7 +51,9 @@ from pathlib import Path
 import numpy as np
 import orjson
 
-sys.modules.setdefault("jax", None)  # bm25s imports JAX when present; forking after that deadlocks
+from r3rag.util.nojax import block_jax
+
+block_jax()  # before bm25s: it imports JAX when present, and forking after that deadlocks
 import bm25s  # noqa: E402
 
 from r3rag.retrieval.bm25_score import SCRATCH, score_all, write_vocab_and_params  # noqa: E402
