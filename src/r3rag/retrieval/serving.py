@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from r3rag.retrieval.server import MAX_CONNECTIONS, bind_socket, make_app, uvicorn_config
+from r3rag.util.heap import keep_freed_memory
 
 
 def serve(
@@ -41,6 +42,7 @@ def serve(
     if workers > 1:
         options = {"log_level": log_level, "header_timeout": header_timeout, "max_connections": max_connections}
         return _serve_workers(index_dir, host, port, workers, options, limits)
+    keep_freed_memory()  # before the search thread starts: see r3rag.util.heap
     sock = bind_socket(host, port)  # before loading, so a taken port fails fast
     retriever = load_retriever(index_dir)
     app = make_app(retriever, **limits)
@@ -142,6 +144,7 @@ def _worker(index_dir: str, host: str, port: int, parent: int, ready, options: d
     from r3rag.retrieval import load_retriever
     from r3rag.util.errors import UserError
 
+    keep_freed_memory()  # before any thread starts: see r3rag.util.heap
     threading.Thread(target=_exit_with_parent, args=(parent,), daemon=True).start()
     os.setpgrp()  # out of the terminal's group: Ctrl-C reaches the parent only, which stops us all in order
     try:
