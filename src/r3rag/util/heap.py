@@ -21,7 +21,7 @@ import sys
 
 # mallopt's parameters (malloc.h)
 M_TRIM_THRESHOLD, M_MMAP_THRESHOLD, M_ARENA_MAX = -1, -3, -8
-KEEP = 2**31 - 1  # mallopt takes an int: 2 GiB, more than one search allocates
+KEEP = 2**31 - 1  # mallopt takes an int: 2 GiB (a larger block, at tens of millions of passages, is still mmapped)
 
 
 def keep_freed_memory() -> bool:
@@ -36,7 +36,5 @@ def keep_freed_memory() -> bool:
     except (OSError, AttributeError):
         return False
     mallopt.argtypes, mallopt.restype = [ctypes.c_int, ctypes.c_int], ctypes.c_int
-    return all(
-        mallopt(param, value) == 1
-        for param, value in ((M_ARENA_MAX, 1), (M_MMAP_THRESHOLD, KEEP), (M_TRIM_THRESHOLD, KEEP))
-    )
+    settings = ((M_ARENA_MAX, 1), (M_MMAP_THRESHOLD, KEEP), (M_TRIM_THRESHOLD, KEEP))
+    return all([mallopt(param, value) == 1 for param, value in settings])  # a list: each one is set
