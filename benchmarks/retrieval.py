@@ -154,24 +154,32 @@ def server_overhead(
         proc, url = start_server(Path(tmp) / "index")
         try:
             run_clients(url, batches[:8], 8, K)  # warm-up, as in-process above
-            t_local = t_8 = cpu_8 = 0.0
+            cpu_8 = 0.0
             lat_8: list[float] = []
-            ratios = []
+
+            def in_process(chunk) -> float:
+                t0 = time.perf_counter()
+                for b in chunk:
+                    local.search(b, K)
+                return time.perf_counter() - t0
+
+            def through_server(chunk) -> float:
+                nonlocal cpu_8
+                cpu0 = process_cpu(proc.pid)
+                seconds, lat = run_clients(url, chunk, 8, K)
+                cpu_8 += process_cpu(proc.pid) - cpu0
+                lat_8.extend(lat)
+                return seconds
+
+            rounds_s = []  # (in-process, server) seconds of each round
             for r, chunk in enumerate(chunks):
-                sides = ("local", "server") if r % 2 == 0 else ("server", "local")
-                for side in sides:
-                    if side == "local":
-                        t0 = time.perf_counter()
-                        for b in chunk:
-                            local.search(b, K)
-                        t_round_local = time.perf_counter() - t0
-                    else:
-                        cpu0 = process_cpu(proc.pid)
-                        t_round_8, lat = run_clients(url, chunk, 8, K)
-                        cpu_8 += process_cpu(proc.pid) - cpu0
-                        lat_8 += lat
-                t_local, t_8 = t_local + t_round_local, t_8 + t_round_8
-                ratios.append(t_round_8 / t_round_local - 1)
+                if r % 2 == 0:
+                    rounds_s.append((in_process(chunk), through_server(chunk)))
+                else:
+                    server_s = through_server(chunk)
+                    rounds_s.append((in_process(chunk), server_s))
+            t_local, t_8 = sum(a for a, _ in rounds_s), sum(b for _, b in rounds_s)
+            ratios = [b / a - 1 for a, b in rounds_s]
             t_1, lat_1 = run_clients(url, batches, 1, K)
             health = httpx.get(f"{url}/health").json()
         finally:
