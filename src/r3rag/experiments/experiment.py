@@ -46,7 +46,7 @@ from r3rag.experiments.pipeline import (
     run_stages,
     split_overrides,
 )
-from r3rag.experiments.results_compare import build_comparisons, compare_spec, comparison_markdown
+from r3rag.experiments.results_compare import build_comparisons, compare_claims, compare_spec, comparison_markdown
 from r3rag.util.errors import UserError
 
 PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
@@ -237,7 +237,7 @@ def write_table(path: Path, data: dict, built: dict, wall: float, runs_dir, cons
         "wall_seconds": round(wall, 1),
         "compute_seconds": round(sum(artifacts.values()), 1),
     }
-    comparisons = build_comparisons(compare_spec(path, data), data["table"], built)
+    comparisons = build_comparisons(compare_spec(path, data), data["table"], built, claims=compare_claims(path, data))
     text = markdown(rows, about) + ("\n" + comparison_markdown(comparisons) if comparisons else "")
     with writer:
         (writer.dir / "table.md").write_text(text)

@@ -10,7 +10,7 @@ two marker lines; only the text between them is rewritten:
 The opening marker names a results file (r3rag.experiments.results_file; relative to the repository root,
 where `r3rag report` runs) and one of its tables (`all`: every row; other names come from the
 pipeline's `results.tables`; `comparisons`: the experiment's paired comparisons,
-r3rag.experiments.results_compare), then options: `chart=PATH` also writes that PNG (EM per row with its
+r3rag.experiments.results_compare; `claims`: the same, each claim a sentence saying whether it stands), then options: `chart=PATH` also writes that PNG (EM per row with its
 95% interval, r3rag.experiments.results_table.plot) from the same rows. Markers are HTML comments, so neither
 GitHub nor MkDocs shows them. Text written by hand between the markers is lost at the next
 regeneration; tests/test_results_docs.py fails when the committed text differs from what the
@@ -39,6 +39,7 @@ BLOCK = re.compile(
 )
 OPTIONS = {"chart"}
 COMPARISONS = "comparisons"  # the table name of the paired comparisons (r3rag.experiments.results_compare)
+CLAIMS = "claims"  # the same comparisons as sentences: each claim, stands or not
 
 
 def doc_files(root: Path) -> list[Path]:
@@ -73,11 +74,13 @@ def block_rows(results: dict, table: str, where: str) -> list[dict]:
 
 def render(results: dict, table: str, where: str) -> str:
     """A block's text: the selected rows as the experiment's table.md shows them, with its note."""
-    from r3rag.experiments.results_compare import comparison_markdown
+    from r3rag.experiments.results_compare import claims_markdown, comparison_markdown
     from r3rag.experiments.results_table import markdown
 
     if table == COMPARISONS:
         return comparison_markdown(results.get("comparisons") or [])
+    if table == CLAIMS:
+        return claims_markdown(results.get("comparisons") or [])
     return markdown(block_rows(results, table, where), results)
 
 
@@ -97,7 +100,7 @@ def regenerate(text: str, name: str, root: Path, only: set[Path] | None = None) 
         if source not in cache:
             cache[source] = load_results(root / block["file"])
         body = render(cache[source], block["table"], where)
-        rows = [] if block["table"] == COMPARISONS else block_rows(cache[source], block["table"], where)
+        rows = [] if block["table"] in (COMPARISONS, CLAIMS) else block_rows(cache[source], block["table"], where)
         blocks.append({**block, "rows": rows})
         return f"{OPEN}{m.group('args')} -->\n{body}{CLOSE}"
 

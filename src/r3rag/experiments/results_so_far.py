@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from r3rag.experiments.results_compare import build_comparisons, comparison_markdown
+from r3rag.experiments.results_compare import build_comparisons, comparison_markdown, entry_rows
 from r3rag.experiments.results_table import build_rows, markdown, row_sources
 
 
@@ -50,6 +50,8 @@ def so_far_markdown(path: Path, experiment: dict, built: dict[str, dict]) -> str
     text = markdown(rows, None)
     if waiting:
         text += f"\nNo seed finished yet: {'; '.join(waiting)}.\n"
-    pairs = [(a, b) for a, b in map(tuple, experiment.get("compare") or []) if a in table and b in table]
-    comparisons = build_comparisons(pairs, table, built)
+    entries = [(entry_rows(e), e) for e in experiment.get("compare") or []]
+    pairs = [rows for rows, _ in entries if rows and all(r in table for r in rows)]
+    claims = {rows: e["claim"] for rows, e in entries if rows in pairs and isinstance(e, dict) and e.get("claim")}
+    comparisons = build_comparisons(pairs, table, built, claims=claims)
     return text + ("\n" + comparison_markdown(comparisons) if comparisons else "")

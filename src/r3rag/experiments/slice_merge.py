@@ -130,7 +130,7 @@ def _rerun(name: str, kept: tuple, other: tuple) -> dict:
 def merge(path: Path, data: dict, partial: bool = False) -> dict:
     """The results file's content from the current slice files (every slice needed, unless
     `partial`: then the rows and comparisons over the slices there are, for `--status`)."""
-    from r3rag.experiments.results_compare import build_comparisons, compare_spec
+    from r3rag.experiments.results_compare import build_comparisons, compare_claims, compare_spec
     from r3rag.experiments.results_file import SCHEMA, _relative, results_spec
     from r3rag.experiments.results_table import rows_from
 
@@ -172,7 +172,7 @@ def merge(path: Path, data: dict, partial: bool = False) -> dict:
         "table_artifact": None,  # merged from slices: each slice's table artifact is in its file
         "tables": results_spec(path, experiment)["tables"],
         "rows": rows,
-        "comparisons": build_comparisons(pairs, table, None, em_of),
+        "comparisons": build_comparisons(pairs, table, None, em_of, compare_claims(path, experiment)),
         "slices": {name: _about(file, record) for name, (file, record) in current.items()},
         "reruns": found["reruns"],
         "artifact_differences": _shared(current),

@@ -105,8 +105,8 @@ def print_slice_status(path: Path, data: dict) -> None:
 
 
 def so_far(path: Path, data: dict) -> str:
-    """The table and its comparisons over the slices with a current file ("" while none has one)."""
-    from r3rag.experiments.results_compare import comparison_markdown
+    """The table, its comparisons and its claims over the slices with a current file ("" while none has one)."""
+    from r3rag.experiments.results_compare import claims_markdown, comparison_markdown
     from r3rag.experiments.results_table import markdown, row_sources
     from r3rag.experiments.slice_merge import merge
 
@@ -121,4 +121,6 @@ def so_far(path: Path, data: dict) -> str:
         if done < planned[row["label"]]:
             row["label"] += f" ({done} of {planned[row['label']]} seeds)"
     text = markdown(merged["rows"], None) + "\n" + comparison_markdown(merged["comparisons"])
+    if merged["comparisons"]:  # the seeds column says how many seeds each claim rests on so far
+        text += "\nThe claims so far:\n\n" + claims_markdown(merged["comparisons"])
     return f"\nResults so far, from the slice files (written nowhere; `r3rag report --results` merges all):\n\n{text}"

@@ -36,6 +36,7 @@ import re
 from pathlib import Path
 
 from r3rag.experiments.experiment import parse_variants, placeholders, variant_overrides
+from r3rag.experiments.results_compare import entry_rows
 from r3rag.experiments.results_table import row_sources
 from r3rag.experiments.seeds import expand_seeds, seeded_name
 from r3rag.util.errors import UserError
@@ -135,7 +136,7 @@ def slice_experiment(path: Path, experiment: dict, sl: dict) -> dict:
         mine = [s for s in row_sources(source) if s.partition("/")[0] in own]
         if mine:
             table[label] = mine if len(mine) > 1 else mine[0]
-    compare = [pair for pair in experiment.get("compare") or [] if all(str(x) in table for x in pair)]
+    compare = [e for e in experiment.get("compare") or [] if (rows := entry_rows(e)) and all(r in table for r in rows)]
     drop = ("slices", "results", "compare")
     return {
         **{k: v for k, v in experiment.items() if k not in drop},
