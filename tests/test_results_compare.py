@@ -115,10 +115,9 @@ def test_claims_in_words_come_from_the_compare_section_and_read_as_sentences():
     worse = _comparison(-0.028, (-0.052, -0.004), {"s0": -0.028, "s1": -0.01, "s2": -0.04}, "GRPO beats its cold start")
     text = claims_markdown([worse, {**_comparison(0.0, (-0.02, 0.02)), "n_seeds": [1, 1], "claim": None}])
     assert text.splitlines() == [
-        "- **GRPO beats its cold start**: does not stand: the other arm is better. GRPO minus SFT: "
-        "-0.028 [-0.052, -0.004] EM over 500 questions, 3 seeds (per seed -0.028 / -0.010 / -0.040).",
-        "- **GRPO beats SFT**: does not stand: inside the noise. GRPO minus SFT: +0.000 [-0.020, +0.020] EM "
-        "over 500 questions, 1 seed.",
+        "- **GRPO beats its cold start**: does not stand: the other arm is better; EM -0.028 [-0.052, -0.004] "
+        "over 500 questions, 3 seeds (per seed -0.028 / -0.010 / -0.040).",
+        "- **GRPO beats SFT**: does not stand: inside the noise; EM +0.000 [-0.020, +0.020] over 500 questions, 1 seed.",
     ]
 
 

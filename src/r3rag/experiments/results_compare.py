@@ -182,10 +182,11 @@ def claims_markdown(comparisons: list[dict]) -> str:
         claim = c.get("claim") or f"{c['a']} beats {c['b']}"  # results files written before claims had words
         seeds = " and ".join(dict.fromkeys(map(str, c["n_seeds"])))
         per_seed = _per_seed(c) if len(c.get("per_seed") or {}) > 1 else ""
-        lines.append(
-            f"- **{claim}**: {verdict(c).replace('b is better', 'the other arm is better')}. "
-            f"{c['a']} minus {c['b']}: {_difference(c)} EM over {c['n']} questions, "
-            f"{seeds} seed{'s' * (seeds != '1')}" + (f" (per seed {per_seed})" if per_seed else "") + "."
+        lines.append(  # the rows' labels are in the claim's words or in the comparisons table
+            f"- **{claim}**: {verdict(c).replace('b is better', 'the other arm is better')}; "
+            f"EM {_difference(c)} over {c['n']} questions, {seeds} seed{'s' * (seeds != '1')}"
+            + (f" (per seed {per_seed})" if per_seed else "")
+            + "."
         )
     return "\n".join(lines) + "\n" if lines else ""
 
