@@ -116,6 +116,21 @@ def test_the_check_names_a_missing_chart(tmp_path):
     assert "README.md:5: chart docs/fab.png is missing" in stale(readme, tmp_path)
 
 
+def test_two_blocks_drawing_one_chart_from_other_rows_fail_before_anything_is_written(tmp_path):
+    _results(tmp_path)
+    readme, page = tmp_path / "README.md", tmp_path / "page.md"
+    readme.write_text(README)
+    page.write_text("<!-- r3rag:results results/fab.json all chart=docs/fab.png -->\n<!-- /r3rag:results -->\n")
+    with pytest.raises(
+        UserError, match=r"page.md:1: chart docs/fab.png is also drawn by .*README.md:5 from table 'headline'"
+    ):
+        update_docs([readme, page], tmp_path)
+    assert readme.read_text() == README and not (tmp_path / "docs" / "fab.png").exists()
+    page.write_text(page.read_text().replace(" all ", " headline "))  # the same rows twice: one chart
+    written, found = update_docs([readme, page], tmp_path)
+    assert found == 3 and written.count(tmp_path / "docs" / "fab.png") == 1
+
+
 def test_blocks_of_other_results_files_are_left_alone(tmp_path):
     _results(tmp_path)
     text = README.replace("results/fab.json all", "results/other.json all")  # a file that does not exist

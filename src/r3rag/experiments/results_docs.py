@@ -142,20 +142,34 @@ def stale(path: Path, root: Path) -> str:
 
 def update_docs(paths: list[Path], root: Path, results: list[Path] | None = None) -> tuple[list[Path], int]:
     """Regenerate the blocks (of `results` files, else all) in `paths` and write their charts;
-    returns the files written (a Markdown file only when its text changed) and the blocks found."""
+    returns the files written (a Markdown file only when its text changed) and the blocks found.
+    Nothing is written when two blocks would draw different charts to the same file."""
     from r3rag.experiments.results_table import plot
 
     only = {(root / r).resolve() for r in results} if results else None
-    written, found = [], 0
-    for path in paths:
-        text = path.read_text()
-        new, blocks = regenerate(text, str(path), root, only)
-        found += len(blocks)
-        if new != text:
+    regenerated = [(path, *regenerate(path.read_text(), str(path), root, only)) for path in paths]
+    charts = _charts([b for _, _, blocks in regenerated for b in blocks])
+    written = []
+    for path, new, _ in regenerated:
+        if new != path.read_text():
             path.write_text(new)
             written.append(path)
-        for b in (b for b in blocks if b["chart"]):
-            (root / b["chart"]).parent.mkdir(parents=True, exist_ok=True)
-            plot(b["rows"], root / b["chart"])
-            written.append(root / b["chart"])
-    return written, found
+    for chart, rows in charts.items():
+        (root / chart).parent.mkdir(parents=True, exist_ok=True)
+        plot(rows, root / chart)
+        written.append(root / chart)
+    return written, sum(len(blocks) for _, _, blocks in regenerated)
+
+
+def _charts(blocks: list[dict]) -> dict[str, list[dict]]:
+    """Each chart path with the rows it draws; two blocks naming one path with other rows would
+    leave the chart of whichever ran last (the docs' order), so that is an error naming both."""
+    charts: dict[str, dict] = {}
+    for b in (b for b in blocks if b["chart"]):
+        first = charts.setdefault(b["chart"], b)
+        if (first["file"], first["table"]) != (b["file"], b["table"]):
+            raise UserError(
+                f"{b['where']}: chart {b['chart']} is also drawn by {first['where']} "
+                f"from table {first['table']!r}: name another file for one of them"
+            )
+    return {chart: b["rows"] for chart, b in charts.items()}
