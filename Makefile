@@ -95,8 +95,8 @@ real-smoke: real-data
 
 # The miniature replication (docs/replication.md): first its settings on the dev split
 # (pipelines/replicate-dev.yaml), then every row of the results table at three seeds
-# (pipelines/replicate.yaml), then its ablations (pipelines/replicate-ablations.yaml). Many hours on
-# 2 cores: each reuses every finished artifact, and a killed SFT or GRPO run continues from its last
+# (pipelines/replicate.yaml: 7 h of build on 2 cores), then its ablations (pipelines/replicate-ablations.yaml).
+# Each reuses every finished artifact, and a killed SFT or GRPO run continues from its last
 # checkpoint, a killed synthesize or eval from its journal: rerunning a target resumes it.
 # JOBS=N builds the variants in N worker processes (r3rag run --jobs; 2 on 2 cores: ~1.3-1.7x).
 # SLICE=w1-grpo-s0 runs one slice of replicate.yaml (<= ~100 min) and writes results/replicate/<slice>.json
