@@ -83,6 +83,35 @@ def guard_module_scan() -> None:
         table.setdefault("__dict__", {})
 
 
+def keep_cpu_weights_loadable() -> None:
+    """Make vLLM's CPU build keep each linear layer's own weight (rl.vllm=colocate on the CPU).
+
+    TRL syncs the policy into its colocated engine every step with the engine model's
+    `load_weights`. Once a model is loaded, vLLM's CPU build packs every 2-D weight for a GEMM
+    kernel where it can build one for the machine (oneDNN, AMX, zentorch), drops the layer's own
+    weight and its loader, and multiplies with the packed copy: the sync then fails ("'Parameter'
+    object has no attribute 'weight_loader'"; seen on an AVX-512 EPYC, while on an AVX2 one the
+    layers kept torch's linear and the sync worked). vLLM's layerwise reload, tried around the sync,
+    loaded the weights but its greedy output then parted from transformers' after 3 tokens (a tied
+    LM head is a case its docs say it does not reprocess). Every machine now keeps torch's linear on the live weight:
+    slower GEMMs than oneDNN's, but the engine generates with the weights just synced. Call it
+    before the engine is built (vLLM looks the dispatch up each time a layer finishes loading)."""
+    import torch
+    from vllm.model_executor.layers import utils
+
+    packed = utils.dispatch_cpu_unquantized_gemm
+    if getattr(packed, "keeps_weights", False):
+        return
+
+    def dispatch(layer, remove_weight: bool) -> None:
+        if layer.weight.is_meta or layer.weight.ndim != 2:  # not a dense linear layer: as vLLM does
+            return packed(layer, remove_weight)
+        layer.cpu_linear = torch.nn.functional.linear
+
+    dispatch.keeps_weights = True
+    utils.dispatch_cpu_unquantized_gemm = dispatch
+
+
 def load_llm(model: str, dtype: str = "auto", settings: EngineSettings = EngineSettings(), seed: int = 0):
     """An in-process vLLM engine for a model directory or hub id. A failed start (memory, a model
     vLLM cannot run) is one line with vLLM's own words on it; its log above says the rest."""
