@@ -109,6 +109,7 @@ def test_eval_vllm_backend_loads_the_policy_weights_into_an_engine(pipeline_runs
     assert engine.model == str(refs["sft"].path / "model")
     # on the CPU the KV cache is sized in bytes: vLLM reads gpu_memory_utilization as a share of RAM
     assert engine.engine["kv_cache_memory_bytes"] == 2 * 2**30 and "gpu_memory_utilization" not in engine.engine
+    assert engine.engine["dtype"] == "float32"  # the CPU: the trainer's fp32, not vLLM's auto (bf16)
     prompts, params = engine.calls[0]
     assert len(prompts) == 6 and all(p["prompt_token_ids"] for p in prompts)
     assert params.temperature == 0.0 and "</answer>" in params.stop
@@ -116,6 +117,25 @@ def test_eval_vllm_backend_loads_the_policy_weights_into_an_engine(pipeline_runs
     assert m["n"] == 6 and m["searches"] == 0.0 and m["em"] > 0  # the first question is answered right
     preds = [json.loads(line) for line in (ref.path / "predictions.jsonl").read_text().splitlines()]
     assert len(preds) == 12 and {p["answer"] for p in preds if p["system"] == "sft"} == {first["golden_answers"][0]}
+
+
+def test_trl_s_colocated_engine_runs_in_fp32_on_the_cpu_and_an_asked_dtype_wins(monkeypatch):
+    """TRL builds its colocated `vllm.LLM` with no dtype; vLLM's auto would be bf16 on the CPU."""
+    pytest.importorskip("trl")
+    from trl.generation import vllm_generation
+
+    from r3rag.generation import vllm as vllm_adapter
+
+    built = []
+    monkeypatch.setattr(vllm_generation, "LLM", lambda **kw: built.append(kw), raising=False)
+    vllm_adapter.colocated_engine_dtype()
+    vllm_generation.LLM(model="policy", seed=0)  # as TRL calls it
+    vllm_adapter.colocated_engine_dtype("bfloat16")  # set again: wraps TRL's own LLM, not the last wrapper
+    vllm_generation.LLM(model="policy")
+    vllm_generation.LLM(model="policy", dtype="float16")  # a dtype TRL passes itself stays
+    assert [kw.get("dtype") for kw in built] == ["float32", "bfloat16", "float16"]
+    monkeypatch.setattr(vllm_adapter, "on_gpu", lambda: True)
+    assert vllm_adapter.engine_dtype() == "auto" and vllm_adapter.engine_dtype("float16") == "float16"
 
 
 def test_eval_vllm_backend_refuses_two_sets_of_weights(pipeline_runs, fake_vllm):

@@ -55,6 +55,32 @@ def on_gpu() -> bool:
     return torch.cuda.is_available()
 
 
+def engine_dtype(dtype: str = "auto") -> str:
+    """The dtype a vLLM engine runs in. vLLM's own "auto" casts an fp32 checkpoint down to bf16 on
+    every platform, the CPU included (vllm.config.model._resolve_auto_dtype). On the CPU r3rag keeps
+    fp32 instead, as `serve-vllm` does: the trainer's weights there are fp32, so the engine holds
+    exactly what TRL syncs and samples from the policy the trainer scores, and a CPU without native
+    bf16 (AVX2) would emulate it. A GPU keeps vLLM's choice; an explicit dtype always wins."""
+    return "float32" if dtype == "auto" and not on_gpu() else dtype
+
+
+def colocated_engine_dtype(dtype: str = "auto") -> None:
+    """Give TRL's colocated engine `engine_dtype(dtype)`: TRL builds its `vllm.LLM` with no dtype
+    (trl.generation.vllm_generation, TRL 1.16), which is vLLM's "auto". Its module's `LLM` becomes
+    one that passes the dtype; set again, the last dtype wins. Call before the trainer is built."""
+    from trl.generation import vllm_generation
+
+    chosen = engine_dtype(dtype)
+    base = getattr(vllm_generation.LLM, "r3rag_base", vllm_generation.LLM)
+
+    def llm(*args, **kwargs):
+        kwargs.setdefault("dtype", chosen)
+        return base(*args, **kwargs)
+
+    llm.r3rag_base, llm.r3rag_dtype = base, chosen
+    vllm_generation.LLM = llm
+
+
 def engine_kwargs(settings: EngineSettings) -> dict:
     """`vllm.LLM` keyword arguments for this machine: a GPU share on a GPU, KV-cache bytes on the CPU
     (where vLLM reads the share as one of RAM and refuses to start when that much is not free),
@@ -119,7 +145,7 @@ def load_llm(model: str, dtype: str = "auto", settings: EngineSettings = EngineS
 
     guard_module_scan()  # where the engine core runs in this process (VLLM_ENABLE_V1_MULTIPROCESSING=0)
     try:
-        return LLM(model=model, dtype=dtype, seed=seed, **engine_kwargs(settings))
+        return LLM(model=model, dtype=engine_dtype(dtype), seed=seed, **engine_kwargs(settings))
     except (RuntimeError, ValueError, OSError) as e:
         said = " ".join(str(e.__cause__ or e).split()) or type(e).__name__
         raise UserError(f"vLLM could not start an engine for {model}: {said[:400]}") from e

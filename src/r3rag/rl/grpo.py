@@ -47,7 +47,13 @@ from transformers import TrainerCallback
 from r3rag.core.env import run_rollouts
 from r3rag.core.metrics import exact_match, f1_score
 from r3rag.core.protocol import Protocol
-from r3rag.generation.vllm import INSTALL_HINT, guard_module_scan, keep_cpu_weights_loadable, on_gpu
+from r3rag.generation.vllm import (
+    INSTALL_HINT,
+    colocated_engine_dtype,
+    guard_module_scan,
+    keep_cpu_weights_loadable,
+    on_gpu,
+)
 from r3rag.rl.batch import (  # noqa: F401  (re-exported: r3rag.rl.grpo is where callers find them)
     check_whole_groups,
     completion_logprobs,
@@ -209,6 +215,7 @@ def trl_vllm_flags(cfg: GRPOSettings) -> dict:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.vllm_kv_cache_gb))
         guard_module_scan()  # TRL starts the engine in this process
         keep_cpu_weights_loadable()  # which TRL's weight sync loads into every step
+        colocated_engine_dtype()  # fp32, the trainer's weights as they are (vLLM's auto: bf16)
     if cfg.vllm == "server" and not on_gpu():  # TRL's weight sync is NCCL's: to a CPU server over gloo
         from r3rag.generation.vllm_server import use_gloo_weight_sync
 
