@@ -117,11 +117,13 @@ def keep_cpu_weights_loadable() -> None:
     kernel where it can build one for the machine (oneDNN, AMX, zentorch), drops the layer's own
     weight and its loader, and multiplies with the packed copy: the sync then fails ("'Parameter'
     object has no attribute 'weight_loader'"; seen on an AVX-512 EPYC, while on an AVX2 one the
-    layers kept torch's linear and the sync worked). vLLM's layerwise reload, tried around the sync,
-    loaded the weights but its greedy output then parted from transformers' after 3 tokens (a tied
-    LM head is a case its docs say it does not reprocess). Every machine now keeps torch's linear on the live weight:
-    slower GEMMs than oneDNN's, but the engine generates with the weights just synced. Call it
-    before the engine is built (vLLM looks the dispatch up each time a layer finishes loading)."""
+    layers kept torch's linear and the sync worked). Every machine now keeps torch's linear on the
+    live weight, so the engine generates with exactly the weights just synced (its test compares
+    every tensor). vLLM's layerwise reload around the sync, which would keep its packed kernels, was
+    tried once and dropped when its greedy output parted from transformers' after 3 tokens; that
+    parting was later traced to a near tie under bf16 (the engine then ran vLLM's auto dtype, see
+    `engine_dtype`), so the reload itself is not ruled out. Call this before the engine is built
+    (vLLM looks the dispatch up each time a layer finishes loading)."""
     import torch
     from vllm.model_executor.layers import utils
 
