@@ -55,7 +55,7 @@ class SystemSpec(ProtocolSettings, EndpointSettings):
     mode: Literal["iterative", "direct", "rag", "gold"] = "iterative"  # gold: rag with the gold documents
     top_k: int = 0  # documents per search; 0 = eval's top_k
     chat: bool = True  # use the tokenizer's chat template when it has one (models that are not policies)
-    dtype: str = "auto"  # transformers models: auto | float32 | bfloat16 | float16
+    dtype: str = "auto"  # auto | float32 | bfloat16 | float16 (auto: the checkpoint's; vLLM on the CPU: fp32)
     request_params: dict = field(default_factory=dict)  # endpoint: extra chat-completions fields
 
 
