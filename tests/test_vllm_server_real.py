@@ -4,8 +4,9 @@ loopback, the trainer (rl.vllm=server) generates through it and sends each step'
 
 One run of 3 GRPO steps (one server start fewer than two tests): its server killed after the first
 checkpoint gives one line naming --resume and keeps the checkpoint; a new server and `resume=true`
-finish the run from it, the new server's greedy output moves (the trained weights reached it) and it
-stops cleanly on Ctrl-C.
+finish the run from it, the new server's greedy output moves (the trained weights reached it) and is
+step 2's checkpoint's greedy choice under transformers (the weights are the trainer's, every layer),
+and it stops cleanly on Ctrl-C.
 
 ~10 min on 2 cores (each server start ~1 min). Skips with one line without vLLM, [real] or the data.
 """
@@ -82,6 +83,29 @@ def _rl(runs, policy: Path, server: Server, *settings: str):
     return run_stage("rl", PIPELINE, [*SETTINGS, f"policy={policy}", f"vllm_server_url={server.url}", *settings], runs)
 
 
+def _copy_when_saved(runs: Path, checkpoint: str, to: Path) -> None:
+    """Copy a GRPO checkpoint once it is whole (trainer_state.json is written after the weights)."""
+    import shutil
+
+    for _ in range(2400):
+        for state in runs.glob(f"rl/**/{checkpoint}/trainer_state.json"):
+            shutil.copytree(state.parent, to, ignore=shutil.ignore_patterns("optimizer.pt", "rng_state*"))
+            return
+        time.sleep(0.5)
+
+
+def _greedy_choices_off_the_best(model_dir: Path, prompt: str, tokens: list[int]) -> list[float]:
+    """For each token of a greedy continuation, how far (nats) the model scores it below its best."""
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
+    ids = AutoTokenizer.from_pretrained(model_dir)(prompt, add_special_tokens=False)["input_ids"]
+    with torch.no_grad():
+        logprobs = torch.log_softmax(model(torch.tensor([ids + tokens])).logits[0, len(ids) - 1 : -1].float(), -1)
+    return [(logprobs[i].max() - logprobs[i, t]).item() for i, t in enumerate(tokens)]
+
+
 def _steps(ref) -> list[int]:
     return [json.loads(line)["step"] for line in (ref.path / "metrics.jsonl").open()]
 
@@ -119,6 +143,8 @@ def test_grpo_through_a_vllm_server_a_killed_server_and_resume(searching_policy,
 
     server = Server(runs, tmp_path / "server2.log")
     prompt = "<|im_start|>user\nWho wrote Hamlet?<|im_end|>\n<|im_start|>assistant\n"
+    step2 = tmp_path / "step2"  # the weights sent before step 3: the run deletes its checkpoints at the end
+    threading.Thread(target=_copy_when_saved, args=(runs, "checkpoint-2", step2), daemon=True).start()
     try:
         before = server.greedy(prompt)  # the cold start's weights, as served
         ref = _rl(runs, policy, server, *settings, "resume=true")
@@ -131,4 +157,10 @@ def test_grpo_through_a_vllm_server_a_killed_server_and_resume(searching_policy,
     trained = load_model(ref.path / "model", dtype="float32").state_dict()
     assert any((start[k] - trained[k]).abs().max() > 0 for k in start)
     assert after != before, "the server's greedy output did not move: the weights did not reach it"
+    # ...and they are step 2's weights, as the trainer holds them: each greedy token the server gave
+    # is that checkpoint's best under transformers in fp32 (vLLM's layerwise reload repacks its
+    # kernels after the update; a layer it left on its old copy, the tied LM head say, shows here)
+    off = _greedy_choices_off_the_best(step2, prompt, after)
+    print(f"served greedy tokens below transformers' best (nats): {[round(o, 5) for o in off]}")
+    assert max(off) < 1e-3
     assert code in (0, -signal.SIGINT), f"the server did not stop cleanly ({code}): {server.log.read_text()[-1500:]}"
