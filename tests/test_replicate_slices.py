@@ -190,6 +190,26 @@ def test_a_slice_runs_its_variants_and_the_stages_they_start_from():
     assert "results" not in sub and "slices" not in sub
 
 
+def test_the_cut_arms_run_in_slices_from_the_cold_starts_they_start_from():
+    """replicate-extras.yaml: every cut arm at every seed in one slice of <= 100 min, each rebuilding
+    only the cold start (or base LM) it reads, never the main arms' GRPO."""
+    from r3rag.experiments.pipeline import load_pipeline
+    from r3rag.experiments.slices import load_slices, slice_experiment
+
+    path = ROOT / "pipelines" / "replicate-extras.yaml"
+    experiment, slices = load_slices(path, load_pipeline(path))
+    assert len(slices) == 18 and all(s["minutes"] <= 100 for s in slices.values())  # 6 kinds x 3 seeds
+    reader = slice_experiment(path, experiment, slices["x-w2-reader-s1"])
+    assert {v: s["stages"] for v, s in reader["variants"].items()} == {
+        "fresh#s1": ["world", "index", "synthesize", "sft"],  # world seed 2's cold start, no GRPO
+        "fresh_rag12#s1": COLD,
+    }
+    base = slice_experiment(path, experiment, slices["x-w1-base-s0"])
+    assert "lora#s0" in base["variants"] and "base" in base["variants"]["lora#s0"]["stages"]
+    assert "main#s0" not in base["variants"]  # GRPO from the base LM: no cold start at all
+    assert list(base["table"].values()) == ["lora#s0/sft", "scratch#s0/rl"]
+
+
 def test_a_slice_file_holds_every_outcome_and_is_written_atomically(tiny, monkeypatch):
     file = _write_slice(tiny.path, tiny.built, "grpo-s0")
     record = json.loads(file.read_text())
