@@ -18,7 +18,7 @@ import json
 
 import pytest
 
-from tests.vllm_policy import PIPELINE, searching_policy, vllm_installed  # noqa: F401 (fixtures)
+from tests.vllm_policy import PIPELINE, greedy_choices_off_the_best, searching_policy, vllm_installed  # noqa: F401 (fixtures)
 
 EVAL = ["rl=", "systems=[sft]", "models={}", "compare_to=[]", "max_new_tokens=64", "limit=0"]
 
@@ -70,16 +70,6 @@ def _engine_weight_gap(llm, model) -> tuple[int, float]:
         expected = torch.cat([ours[name.replace(fused[0], p)] for p in fused[1]]) if fused else ours[name]
         gaps.append((weight.detach().float() - expected.detach().float()).abs().max().item())
     return len(gaps), max(gaps)
-
-
-def _greedy_choices_off_the_best(model, prompt: list[int], tokens: list[int]) -> list[float]:
-    """For each token of a greedy continuation, how far (nats) `model` scores it below its own best."""
-    import torch
-
-    with torch.no_grad():
-        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
-    logprobs = torch.log_softmax(logits.float(), -1)
-    return [(logprobs[i].max() - logprobs[i, t]).item() for i, t in enumerate(tokens)]
 
 
 def test_grpo_colocate_trains_and_the_weights_reach_vllm(searching_policy, monkeypatch):
@@ -134,7 +124,7 @@ def test_grpo_colocate_trains_and_the_weights_reach_vllm(searching_policy, monke
     assert seen["after"] != seen["before"]  # ...and generates with them: its greedy output moved
     # and is the trained model's greedy choice at every token, scored by transformers in fp32 (at
     # a near tie either kernel may take either token: a tolerance, not token equality)
-    off = _greedy_choices_off_the_best(load_model(ref.path / "model", dtype="float32"), seen["prompt"], seen["after"])
+    off = greedy_choices_off_the_best(load_model(ref.path / "model", dtype="float32"), seen["prompt"], seen["after"])
     print(f"vLLM's greedy tokens below transformers' best (nats): {[round(o, 5) for o in off]}")
     assert max(off) < 1e-3
     diffs = [(s["sampling/sampling_logp_difference/mean"], s["sampling/sampling_logp_difference/max"]) for s in steps]

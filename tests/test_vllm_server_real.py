@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm_policy import PIPELINE, searching_policy, vllm_installed  # noqa: F401 (fixtures)
+from tests.vllm_policy import PIPELINE, greedy_choices_off_the_best, searching_policy, vllm_installed  # noqa: F401 (fixtures)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -94,18 +94,6 @@ def _copy_when_saved(runs: Path, checkpoint: str, to: Path) -> None:
         time.sleep(0.5)
 
 
-def _greedy_choices_off_the_best(model_dir: Path, prompt: str, tokens: list[int]) -> list[float]:
-    """For each token of a greedy continuation, how far (nats) the model scores it below its best."""
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
-    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32)
-    ids = AutoTokenizer.from_pretrained(model_dir)(prompt, add_special_tokens=False)["input_ids"]
-    with torch.no_grad():
-        logprobs = torch.log_softmax(model(torch.tensor([ids + tokens])).logits[0, len(ids) - 1 : -1].float(), -1)
-    return [(logprobs[i].max() - logprobs[i, t]).item() for i, t in enumerate(tokens)]
-
-
 def _steps(ref) -> list[int]:
     return [json.loads(line)["step"] for line in (ref.path / "metrics.jsonl").open()]
 
@@ -160,7 +148,11 @@ def test_grpo_through_a_vllm_server_a_killed_server_and_resume(searching_policy,
     # ...and they are step 2's weights, as the trainer holds them: each greedy token the server gave
     # is that checkpoint's best under transformers in fp32 (vLLM's layerwise reload repacks its
     # kernels after the update; a layer it left on its old copy, the tied LM head say, shows here)
-    off = _greedy_choices_off_the_best(step2, prompt, after)
+    from transformers import AutoTokenizer
+
+    assert (step2 / "trainer_state.json").exists(), "checkpoint-2 was never saved whole: nothing to compare with"
+    ids = AutoTokenizer.from_pretrained(step2)(prompt, add_special_tokens=False)["input_ids"]
+    off = greedy_choices_off_the_best(load_model(step2, dtype="float32"), ids, after)
     print(f"served greedy tokens below transformers' best (nats): {[round(o, 5) for o in off]}")
     assert max(off) < 1e-3
     assert code in (0, -signal.SIGINT), f"the server did not stop cleanly ({code}): {server.log.read_text()[-1500:]}"

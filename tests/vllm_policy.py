@@ -37,3 +37,13 @@ def searching_policy(vllm_installed, smollm2_runs, shared_root):
     stages = ["world", "index", "synthesize", "sft"]
     refs = run_stages(PIPELINE, data, stages, {s: COLD_START.get(s, []) for s in stages}, runs, bound={"model": model})
     return runs, refs
+
+
+def greedy_choices_off_the_best(model, prompt: list[int], tokens: list[int]) -> list[float]:
+    """For each token of a greedy continuation, how far (nats) `model` scores it below its own best."""
+    import torch
+
+    with torch.no_grad():
+        logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
+    logprobs = torch.log_softmax(logits.float(), -1)
+    return [(logprobs[i].max() - logprobs[i, t]).item() for i, t in enumerate(tokens)]
