@@ -122,7 +122,8 @@ def keep_cpu_weights_loadable() -> None:
     every tensor). vLLM's layerwise reload around the sync, which would keep its packed kernels, was
     tried once and dropped when its greedy output parted from transformers' after 3 tokens; that
     parting was later traced to a near tie under bf16 (the engine then ran vLLM's auto dtype, see
-    `engine_dtype`), so the reload itself is not ruled out. Call this before the engine is built
+    `engine_dtype`); with the tied LM head repacked after it (`vllm_server.repack_cpu_lm_head`, which
+    the server needs) the reload is not ruled out. Call this before the engine is built
     (vLLM looks the dispatch up each time a layer finishes loading)."""
     import torch
     from vllm.model_executor.layers import utils

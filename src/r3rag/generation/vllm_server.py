@@ -141,6 +141,22 @@ class GlooUpdateInfo:
     packed: bool = False  # TRL's client sends it (NCCL's packing); gloo sends tensors one by one
 
 
+def repack_cpu_lm_head(model) -> None:
+    """After a layerwise reload on vLLM's CPU build: pack the vocabulary layers' weights again.
+
+    vLLM's CPU build packs the LM head's weight for its GEMM kernel (oneDNN) once the model is
+    loaded and multiplies with that copy. With tied embeddings (SmolLM2, Qwen2.5 up to 3B) the sync
+    carries `embed_tokens.weight` only: the reload re-packs the embedding, puts the head's weight
+    (the same tensor, now updated) back, but leaves the head's packed copy as it was, so the server
+    scored every token with the cold start's head (measured: up to 0.5 nats off transformers after
+    one update; tests/test_vllm_cpu_weights.py). On a GPU the head multiplies with its live weight."""
+    from vllm.model_executor.layers.vocab_parallel_embedding import VocabParallelEmbedding
+
+    for layer in model.modules():
+        if isinstance(layer, VocabParallelEmbedding) and hasattr(layer, "cpu_linear"):
+            layer.quant_method.process_weights_after_loading(layer)
+
+
 @functools.cache
 def gloo_engine_class():
     """The server's side, a vLLM weight-transfer engine (the class, built on first use: this module
@@ -174,6 +190,7 @@ def gloo_engine_class():
             from vllm.model_executor.model_loader.reload import finalize_layerwise_reload
 
             finalize_layerwise_reload(self.model, self.model_config)
+            repack_cpu_lm_head(self.model)
 
         def receive_weights(self, update_info: GlooUpdateInfo) -> None:
             if self.group is None:
