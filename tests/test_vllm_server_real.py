@@ -5,8 +5,9 @@ loopback, the trainer (rl.vllm=server) generates through it and sends each step'
 One run of 3 GRPO steps (one server start fewer than two tests): its server killed after the first
 checkpoint gives one line naming --resume and keeps the checkpoint; a new server and `resume=true`
 finish the run from it, the new server's greedy output moves (the trained weights reached it) and is
-step 2's checkpoint's greedy choice under transformers (the weights are the trainer's, every layer),
-and it stops cleanly on Ctrl-C.
+step 2's checkpoint's greedy choice under transformers, each token at the log-probability transformers
+gives it (the weights are the trainer's, every layer, the tied LM head included), and it stops
+cleanly on Ctrl-C.
 
 ~10 min on 2 cores (each server start ~1 min). Skips with one line without vLLM, [real] or the data.
 """
@@ -25,7 +26,13 @@ from pathlib import Path
 
 import pytest
 
-from tests.vllm_policy import PIPELINE, greedy_choices_off_the_best, searching_policy, vllm_installed  # noqa: F401 (fixtures)
+from tests.vllm_policy import (  # noqa: F401 (fixtures)
+    PIPELINE,
+    greedy_choices_off_the_best,
+    logprob_gaps,
+    searching_policy,
+    vllm_installed,
+)
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(2400)]
 
@@ -62,11 +69,12 @@ class Server:
             time.sleep(2)
         raise AssertionError(f"serve-vllm did not come up in 600 s: {log.read_text()[-2000:]}")
 
-    def greedy(self, prompt: str) -> list[int]:
+    def greedy(self, prompt: str) -> tuple[list[int], list[float]]:
+        """16 greedy tokens and the log-probability the server gave each."""
         from trl.generation.vllm_client import VLLMClient
 
-        out = VLLMClient(base_url=self.url).generate([prompt], temperature=0.0, max_tokens=16)
-        return out["completion_ids"][0]
+        out = VLLMClient(base_url=self.url).generate([prompt], temperature=0.0, max_tokens=16, logprobs=0)
+        return out["completion_ids"][0], [top[0] for top in out["logprobs"][0]]
 
     def stop(self) -> int:
         self.proc.send_signal(signal.SIGINT)  # as Ctrl-C
@@ -144,15 +152,19 @@ def test_grpo_through_a_vllm_server_a_killed_server_and_resume(searching_policy,
     start = load_model(policy / "model", dtype="float32").state_dict()
     trained = load_model(ref.path / "model", dtype="float32").state_dict()
     assert any((start[k] - trained[k]).abs().max() > 0 for k in start)
-    assert after != before, "the server's greedy output did not move: the weights did not reach it"
+    assert after[0] != before[0], "the server's greedy output did not move: the weights did not reach it"
     # ...and they are step 2's weights, as the trainer holds them: each greedy token the server gave
-    # is that checkpoint's best under transformers in fp32 (vLLM's layerwise reload repacks its
-    # kernels after the update; a layer it left on its old copy, the tied LM head say, shows here)
+    # is that checkpoint's best under transformers in fp32, with the same log-probability (vLLM's
+    # layerwise reload repacks its kernels after the update; a layer left on its old copy shows here:
+    # until repack_cpu_lm_head the tied LM head did, and a token's choice moved only now and then)
     from transformers import AutoTokenizer
 
     assert (step2 / "trainer_state.json").exists(), "checkpoint-2 was never saved whole: nothing to compare with"
     ids = AutoTokenizer.from_pretrained(step2)(prompt, add_special_tokens=False)["input_ids"]
-    off = greedy_choices_off_the_best(load_model(step2, dtype="float32"), ids, after)
+    step2_policy = load_model(step2, dtype="float32")
+    off = greedy_choices_off_the_best(step2_policy, ids, after[0])
+    gaps = logprob_gaps(step2_policy, ids, *after)
     print(f"served greedy tokens below transformers' best (nats): {[round(o, 5) for o in off]}")
-    assert max(off) < 1e-3
+    print(f"|served logprob - transformers'| (nats): {[round(g, 5) for g in gaps]}")
+    assert max(off) < 1e-3 and max(gaps) < 1e-3
     assert code in (0, -signal.SIGINT), f"the server did not stop cleanly ({code}): {server.log.read_text()[-1500:]}"

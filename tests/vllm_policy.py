@@ -39,11 +39,22 @@ def searching_policy(vllm_installed, smollm2_runs, shared_root):
     return runs, refs
 
 
-def greedy_choices_off_the_best(model, prompt: list[int], tokens: list[int]) -> list[float]:
-    """For each token of a greedy continuation, how far (nats) `model` scores it below its own best."""
+def _continuation_logprobs(model, prompt: list[int], tokens: list[int]):
+    """`model`'s log-probabilities (fp32) at each position of a continuation: [len(tokens), vocab]."""
     import torch
 
     with torch.no_grad():
         logits = model(torch.tensor([prompt + tokens])).logits[0, len(prompt) - 1 : -1]
-    logprobs = torch.log_softmax(logits.float(), -1)
+    return torch.log_softmax(logits.float(), -1)
+
+
+def greedy_choices_off_the_best(model, prompt: list[int], tokens: list[int]) -> list[float]:
+    """For each token of a greedy continuation, how far (nats) `model` scores it below its own best."""
+    logprobs = _continuation_logprobs(model, prompt, tokens)
     return [(logprobs[i].max() - logprobs[i, t]).item() for i, t in enumerate(tokens)]
+
+
+def logprob_gaps(model, prompt: list[int], tokens: list[int], served: list[float]) -> list[float]:
+    """For each token of a continuation, |the log-probability an engine gave it - `model`'s| (nats)."""
+    logprobs = _continuation_logprobs(model, prompt, tokens)
+    return [abs(served[i] - logprobs[i, t].item()) for i, t in enumerate(tokens)]
