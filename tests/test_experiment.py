@@ -136,7 +136,7 @@ def test_replicate_ablations_dry_run_keeps_the_replication_settings(tmp_path):
     assert "process" in ablations["variants"] and "nomask" in base["variants"]  # masking: a main arm
     extras = _load_pipeline(ROOT / "pipelines" / "replicate-extras.yaml")  # the arms cut for the budget
     cut = {"rft", "reader_closed", "reader_rag3", "fresh_rag12", "lora_rl", "lora", "scratch", "process_oracle"}
-    assert set(extras["variants"]) == cut | {"main", "fresh"}  # the two name the cold starts they start from
+    assert set(extras["variants"]) == cut | {"main", "fresh", "cold"}  # the cold starts they start from
     assert not cut & set(base["variants"]) and extras["seeds"] == base["seeds"]
     assert not any("steps" in s for v in ablations["variants"].values() for s in v.get("set", []))
     assert any("ORACLE" in label for label in extras["table"])  # gold relevance is labelled an oracle

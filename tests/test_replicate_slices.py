@@ -198,7 +198,7 @@ def test_the_cut_arms_run_in_slices_from_the_cold_starts_they_start_from():
 
     path = ROOT / "pipelines" / "replicate-extras.yaml"
     experiment, slices = load_slices(path, load_pipeline(path))
-    assert len(slices) == 18 and all(s["minutes"] <= 100 for s in slices.values())  # 6 kinds x 3 seeds
+    assert len(slices) == 21 and all(s["minutes"] <= 100 for s in slices.values())  # 7 kinds x 3 seeds
     reader = slice_experiment(path, experiment, slices["x-w2-reader-s1"])
     assert {v: s["stages"] for v, s in reader["variants"].items()} == {
         "fresh#s1": ["world", "index", "synthesize", "sft"],  # world seed 2's cold start, no GRPO
@@ -208,6 +208,8 @@ def test_the_cut_arms_run_in_slices_from_the_cold_starts_they_start_from():
     assert "lora#s0" in base["variants"] and "base" in base["variants"]["lora#s0"]["stages"]
     assert "main#s0" not in base["variants"]  # GRPO from the base LM: no cold start at all
     assert list(base["table"].values()) == ["lora#s0/sft", "scratch#s0/rl"]
+    cold = slice_experiment(path, experiment, slices["x-w1-cold-s2"])  # the arms' paired baseline, evaluated
+    assert cold["variants"]["cold#s2"]["stages"] == COLD and list(cold["table"].values()) == ["cold#s2/sft"]
 
 
 def test_a_slice_file_holds_every_outcome_and_is_written_atomically(tiny, monkeypatch):
