@@ -222,7 +222,7 @@ def plot(rows: list[dict], path: Path) -> None:
     if plt is None:
         return
     fig = chart(rows, plt)
-    fig.savefig(path, dpi=120)
+    fig.savefig(path, dpi=120, bbox_inches="tight")  # a long row label pushes the axis note past the figure
     plt.close(fig)
 
 
