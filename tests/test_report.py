@@ -50,6 +50,8 @@ def test_viewer_data_groups_questions_across_evals(tmp_path):
     page = tmp_path / "viewer.html"
     assert write_viewer(dirs, page, max_per_system=2) == 8
     data = json.loads(page.read_text().split("const DATA = ", 1)[1].split(";\n", 1)[0])
+    # the page counts against the evals' 3 questions, not the 2 it kept ("2 of 3 questions shown")
+    assert "const TOTAL = 3;" in page.read_text() and "${shown.length} of ${TOTAL} questions shown" in page.read_text()
     assert {r["dataset"] for r in data} == {"world-1:test"}
     assert {r["id"] for r in data} == {"q0", "q1"}
     assert {r["column"] for r in data} == {"sft (eval-a)", "sft (eval-b)", "rl", "base"}

@@ -135,6 +135,14 @@ def test_viewer_filters_by_outcome_and_data_set(tmp_path):
     assert "0 of 3 questions shown" in full and "no question matches these filters" in detail
 
 
+def test_viewer_counts_the_questions_past_its_cap(tmp_path):
+    """An eval of 3 questions in a page capped at 2 says "2 of 3", not "2 of 2"."""
+    page = tmp_path / "viewer.html"
+    assert write_viewer([_eval_dir(tmp_path)], page, max_per_system=2) == 4
+    questions, _ = _parts(full := dump_dom(page))
+    assert "2 of 3 questions shown" in full and questions.count('class="item') == 2
+
+
 def test_viewer_screenshot(tmp_path):
     page = tmp_path / "viewer.html"
     write_viewer([_eval_dir(tmp_path)], page)

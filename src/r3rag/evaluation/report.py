@@ -163,17 +163,20 @@ def write_viewer(eval_dirs: list[Path], path: Path, max_per_system: int = 300) -
     so a link opens the same view.
 
     Keeps the first `max_per_system` questions of each eval (file order) with every system's rows
-    for them: with one sample per question, that many trajectories per system. A system that
-    appears in several evals gets one column per eval, labelled `system (eval directory)`.
-    Returns the number of trajectories in the page."""
+    for them: with one sample per question, that many trajectories per system. The page counts
+    against every question of the evals ("300 of 400 questions shown"), so a cut one is visible.
+    A system that appears in several evals gets one column per eval, labelled
+    `system (eval directory)`. Returns the number of trajectories in the page."""
     evals = [(d, read_jsonl(d / "predictions.jsonl", allow_empty=True)) for d in eval_dirs]
     evals_of: dict[str, set[str]] = {}
     for d, preds in evals:
         for p in preds:
             evals_of.setdefault(p["system"], set()).add(str(d))
     records = []
+    questions: set[tuple] = set()  # (data set, id), as the page groups them, kept or not
     for d, preds in evals:
         dataset = _eval_dataset(d)
+        questions.update((p.get("dataset") or dataset, p.get("id")) for p in preds)
         kept: set = set()
         for p in preds:
             if p.get("id") not in kept:
@@ -185,7 +188,8 @@ def write_viewer(eval_dirs: list[Path], path: Path, max_per_system: int = 300) -
             record["column"] = p["system"] if len(evals_of[p["system"]]) == 1 else f"{p['system']} ({d.name})"
             records.append(record)
     data = json.dumps(records).replace("</", "<\\/")  # keep "</script>" out of the embedded JSON
-    path.write_text(_VIEWER.replace("__TITLE__", html.escape(path.stem)).replace("__DATA__", data))
+    page = _VIEWER.replace("__TITLE__", html.escape(path.stem)).replace("__TOTAL__", str(len(questions)))
+    path.write_text(page.replace("__DATA__", data))  # the data last: no placeholder is looked for inside it
     return len(records)
 
 
@@ -227,6 +231,7 @@ h2{font-size:1.05em;margin:0 0 0.2em}
 <main><nav id="questions"></nav><section id="detail"></section></main>
 <script>
 const DATA = __DATA__;
+const TOTAL = __TOTAL__;  // questions in the evals, including those past the page's cap
 const $ = id => document.getElementById(id);
 const esc = s => String(s ?? "").replace(/[&<>"']/g, c => ({"&": "&amp;", "<": "&lt;", ">": "&gt;", '"': "&quot;", "'": "&#39;"}[c]));
 const norm = s => String(s ?? "").trim().toLowerCase();
@@ -310,7 +315,7 @@ let shown = [];
 function render() {
   shown = groups.filter(g => (!state.dataset || g.dataset === state.dataset) && matches(g, state.outcome));
   if (!shown.some(g => g.key === state.q)) state.q = (shown.find(g => g.disagree) || shown[0] || {}).key ?? null;
-  $("count").textContent = `${shown.length} of ${groups.length} questions shown · systems disagree on ${groups.filter(g => g.disagree).length}`;
+  $("count").textContent = `${shown.length} of ${TOTAL} questions shown · systems disagree on ${groups.filter(g => g.disagree).length}`;
   $("questions").innerHTML = shown.map(g =>
     `<div class="item${g.key === state.q ? " sel" : ""}" data-key="${esc(g.key)}">${marks(g)}<span>${esc(g.question)}</span></div>`).join("");
   const g = byKey.get(state.q);
