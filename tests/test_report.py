@@ -55,3 +55,29 @@ def test_viewer_data_groups_questions_across_evals(tmp_path):
     assert {r["dataset"] for r in data} == {"world-1:test"}
     assert {r["id"] for r in data} == {"q0", "q1"}
     assert {r["column"] for r in data} == {"sft (eval-a)", "sft (eval-b)", "rl", "base"}
+
+
+def test_terminal_table_leaves_columns_out_rather_than_cut_numbers():
+    """An 80-column terminal gets whole numbers and a caption naming the columns left out;
+    a wide one gets every column, intervals included."""
+    from rich.console import Console
+
+    from r3rag.evaluation.report import rich_table
+
+    ci = {"em_ci": [0.345, 0.48], "f1_ci": [0.433, 0.567]}
+    rows = [
+        {"dataset": "world-demo:test", "system": s, "em": 0.412, "f1": 0.5012, "n": 200, **ci}
+        | {"searches": 1.93, "gold_doc_recall": 0.612, "judge_acc": None, "tokens": None}
+        for s in ("direct", "rag", "sft", "rl")
+    ]
+    console = Console(width=80, record=True)
+    console.print(rich_table(rows, 80))
+    text = console.export_text()
+    assert "…" not in text and max(len(line) for line in text.splitlines()) <= 80
+    assert "world-demo:test" in text and "0.412" in text and "0.501" in text and "[0.345" not in text
+    assert "left out for the terminal's width: em_ci, f1_ci" in " ".join(text.split())
+
+    wide = Console(width=200, record=True)
+    wide.print(rich_table(rows, 200))
+    text = wide.export_text()
+    assert "[0.345, 0.480]" in text and "[0.433, 0.567]" in text and "left out" not in text

@@ -73,16 +73,46 @@ def _fmt(v) -> str:
     return str(v)
 
 
-def rich_table(rows: list[dict]) -> Table:
+# Left out, in this order, while the table is wider than the terminal; report.md keeps them all.
+# dataset, system, em, f1 and n always stay.
+NARROW_DROPS = ("em_ci", "f1_ci", "tokens", "gold_doc_recall", "searches", "judge_acc")
+
+
+def rich_table(rows: list[dict], width: int | None = None) -> Table:
+    """The table for a terminal. Given its `width`, the columns that do not fit are left out
+    (intervals first) and named in the caption, rather than every cell cut to "data…"."""
+    cols = columns(rows)
+    table = _table(rows, cols, ())
+    if width is None:
+        return table
+    for drop in NARROW_DROPS:
+        if _natural_width(table) <= width:
+            break
+        if drop in cols:
+            cols = tuple(c for c in cols if c != drop)
+            table = _table(rows, cols, tuple(c for c in columns(rows) if c not in cols))
+    return table
+
+
+def _table(rows: list[dict], cols: tuple[str, ...], dropped: tuple[str, ...]) -> Table:
     from rich.table import Table  # here, not at the top: `r3rag report --help` imports this module
 
-    table = Table(title="r3rag report")
-    cols = columns(rows)
+    caption = f"left out for the terminal's width: {', '.join(dropped)} (report.md has them)" if dropped else None
+    table = Table(title="r3rag report", caption=caption)
     for c in cols:
-        table.add_column(c, justify="left" if c in ("dataset", "system") else "right")
+        # fold, not "…": a cell still too wide for the terminal wraps, its digits all shown
+        table.add_column(c, justify="left" if c in ("dataset", "system") else "right", overflow="fold")
     for r in rows:
         table.add_row(*(_fmt(r[c]) for c in cols))
     return table
+
+
+def _natural_width(table: Table) -> int:
+    """The table's width with room to spare: every cell on one line."""
+    from rich.console import Console
+
+    console = Console(width=10_000)
+    return console.measure(table).maximum
 
 
 def write_markdown(rows: list[dict], path: Path) -> None:

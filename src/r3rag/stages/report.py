@@ -4,7 +4,8 @@ Writes `report.md`, `report.csv`, `em_f1.png` (EM/F1 per system and dataset, 95%
 intervals as whiskers) and `viewer.html` (one self-contained file grouped by question: every
 system's steps, queries, retrieved documents with the gold ones highlighted, answer and whether
 it is right, side by side; filters by outcome and by data set; it opens on a question where the
-systems disagree), and prints the table.
+systems disagree), and prints the table: in a narrow terminal without the columns that do not fit
+(the intervals first), named under it.
 
 Usage:
 
@@ -41,7 +42,7 @@ def run(cfg: Config, ctx: Context):
     writer = ctx.writer("report", cfg, inputs, {"evals": "eval"})
     rows = collect_rows([r.path for r in refs])
     if writer.existing:
-        ctx.console.print(rich_table(rows))
+        ctx.console.print(rich_table(rows, ctx.console.width))
         return ctx.skipped(writer)
     with writer:
         write_markdown(rows, writer.dir / "report.md")
@@ -53,5 +54,5 @@ def run(cfg: Config, ctx: Context):
 
             screenshot(writer.dir / "viewer.html", writer.dir / "viewer.png")
         writer.metrics.update({"rows": len(rows), "viewer_trajectories": n})
-    ctx.console.print(rich_table(rows))  # after every input file was read: a broken one fails alone
+    ctx.console.print(rich_table(rows, ctx.console.width))  # after every input file was read: a broken one fails alone
     return ctx.done(writer)
