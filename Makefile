@@ -74,7 +74,7 @@ demo: install
 # The real QA sets the real pipelines read: HotpotQA, MuSiQue and 2Wiki from FlashRAG's files on the
 # Hugging Face hub (~720 MB to download, pinned in data/flashrag.json), into data/fetched (or
 # $R3RAG_DATA); `r3rag data list` shows the others. real-data is real's prerequisite: nothing when
-# a data root is there ($R3RAG_DATA, ../shared/data, or a complete data/fetched), else `make data`.
+# a data root is there ($R3RAG_DATA, or a complete data/fetched), else `make data`.
 data: install
 	$(R3RAG) data fetch
 real-data: install

@@ -43,7 +43,7 @@ def main() -> None:
     args = ap.parse_args()
     root = shared_data()
     if root is None:
-        sys.exit("shared data not found (../shared/data or $R3RAG_DATA)")
+        sys.exit("shared data not found ($R3RAG_DATA, e.g. ../shared/data, or make data)")
     protocol = Protocol(name=args.protocol)
     out, rows = {}, []
     for name, (qfile, cfile) in SETS.items():

@@ -30,7 +30,7 @@ def main() -> None:
     args = ap.parse_args()
     root = shared_data()
     if root is None:
-        sys.exit("shared data not found (../shared/data or $R3RAG_DATA)")
+        sys.exit("shared data not found ($R3RAG_DATA, e.g. ../shared/data, or make data)")
     docs = load_corpus(root / "corpus/hotpotqa_dev_context_pool.jsonl")
     questions = read_jsonl(root / "hotpotqa/dev_distractor_ircot_subsample.jsonl")
     questions = questions[: args.limit] if args.limit else questions

@@ -95,7 +95,9 @@ def shared_root() -> Path:
 
     root = shared_data()
     if root is None or not list((root / "corpus").glob("*.jsonl")):
-        raise SystemExit("retrieval_scale: the shared pools (../shared/data/corpus/*.jsonl or $R3RAG_DATA) are missing")
+        raise SystemExit(
+            "retrieval_scale: the shared pools ($R3RAG_DATA/corpus/*.jsonl, e.g. R3RAG_DATA=../shared/data) are missing"
+        )
     return root
 
 

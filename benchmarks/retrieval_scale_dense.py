@@ -148,7 +148,9 @@ def _shared_root() -> Path:
 
     root = shared_data()
     if root is None or not list((root / "corpus").glob("*.jsonl")):
-        raise SystemExit("dense: the shared pools (../shared/data/corpus/*.jsonl or $R3RAG_DATA) are missing")
+        raise SystemExit(
+            "dense: the shared pools ($R3RAG_DATA/corpus/*.jsonl, e.g. R3RAG_DATA=../shared/data) are missing"
+        )
     return root
 
 

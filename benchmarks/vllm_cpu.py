@@ -122,7 +122,7 @@ def main() -> None:
     quiet.configure(verbose=False)
     root = shared_data()
     if root is None:
-        sys.exit("error: shared data not found (../shared/data or $R3RAG_DATA)")
+        sys.exit("error: shared data not found ($R3RAG_DATA, e.g. ../shared/data, or make data)")
     refs = cold_start(args.runs_dir)
     questions = read_jsonl(root / "hotpotqa/dev_distractor_ircot_subsample.jsonl")[:64]
     figures = rollout_figures(refs, questions, sections)

@@ -10,8 +10,16 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")
 
 import ipaddress
 import socket
+from pathlib import Path
 
 import pytest
+
+# The offline copy of the real QA sets this project is developed with sits beside the checkout. The
+# product reads only $R3RAG_DATA (else a fetched copy), so the suite points it there itself, as
+# .ci/run does; a set R3RAG_DATA wins.
+SHARED_DATA = Path(__file__).resolve().parents[2] / "shared" / "data"
+if not os.environ.get("R3RAG_DATA") and SHARED_DATA.is_dir():
+    os.environ["R3RAG_DATA"] = str(SHARED_DATA)
 
 _connect = socket.socket.connect
 
@@ -63,14 +71,15 @@ def build_teacher_data(runs, *world_sets: str) -> dict:
 
 @pytest.fixture(scope="session")
 def shared_root():
-    """../shared/data (or $R3RAG_DATA); tests that need real data skip with one line without it. Not a
-    copy `r3rag data fetch` wrote (data/fetched): these tests pin the shared copy's questions and counts."""
+    """$R3RAG_DATA (../shared/data when it is there: see the top of this file); tests that need real
+    data skip with one line without it. Not a copy `r3rag data fetch` wrote (data/fetched): these
+    tests pin the shared copy's questions and counts."""
     from r3rag.data.manifest import LOCK_NAME
     from r3rag.data.shared import shared_data
 
     root = shared_data()
     if root is None or (root / LOCK_NAME).is_file():
-        pytest.skip("shared data not found (../shared/data or $R3RAG_DATA)")
+        pytest.skip("shared data not found ($R3RAG_DATA, or ../shared/data beside the checkout)")
     return root
 
 

@@ -299,11 +299,11 @@ def test_if_missing_is_a_no_op_where_a_data_root_is(hub, tmp_path, monkeypatch):
 
 
 def test_data_root_order(tmp_path, monkeypatch):
-    """$R3RAG_DATA wins; then ../shared/data; then the fetched copy."""
+    """$R3RAG_DATA wins, else the fetched copy; a `shared/data` folder beside the checkout is never
+    read unasked (the suite and CI point R3RAG_DATA at theirs)."""
     from r3rag.data import shared
 
-    shared_dir, fetched = tmp_path / "shared", tmp_path / "fetched"
-    monkeypatch.setattr(shared, "SHARED", shared_dir)
+    fetched = tmp_path / "fetched"
     monkeypatch.setattr(shared, "fetched_default", lambda: fetched)
     monkeypatch.delenv("R3RAG_DATA", raising=False)
     assert shared.shared_data() is None and shared.fetch_root() == fetched
@@ -311,10 +311,25 @@ def test_data_root_order(tmp_path, monkeypatch):
     assert shared.shared_data() is None
     (fetched / "flashrag.lock.json").write_text("{}")
     assert shared.shared_data() == fetched
-    shared_dir.mkdir()
-    assert shared.shared_data() == shared_dir
     monkeypatch.setenv("R3RAG_DATA", str(tmp_path))
     assert shared.shared_data() == tmp_path == shared.fetch_root()
+
+
+def test_the_product_ignores_a_shared_folder_beside_the_checkout(hub, tmp_path, monkeypatch):
+    """With R3RAG_DATA unset, a `../shared/data` next to the clone is neither read nor named: the data
+    root is the fetched copy, and `data fetch` says nothing about another folder read first."""
+    from r3rag.data import shared
+
+    beside = shared._REPO.parent / "shared" / "data"  # this project's offline copy, where there is one
+    fetched = tmp_path / "fetched"
+    monkeypatch.setattr(shared, "fetched_default", lambda: fetched)
+    assert shared.shared_data() is None  # hub: R3RAG_DATA unset, whether or not `beside` exists
+    manifest = write_manifest(tmp_path / "m.json")
+    out = r3rag_inprocess("data", "fetch", "hotpotqa", "--manifest", manifest)
+    assert out.returncode == 0 and out.stdout.strip() == str(fetched), out.stderr
+    assert str(beside) not in out.stderr and "pipelines read" not in out.stderr and shared.shared_data() == fetched
+    out = r3rag_inprocess("data", "fetch", "--if-missing", "hotpotqa", "--manifest", manifest)
+    assert out.returncode == 0 and out.stdout.strip() == str(fetched)
 
 
 def test_the_shipped_manifest_writes_every_file_the_real_pipelines_read():

@@ -57,8 +57,8 @@ def fetch_cmd(
         bool,
         typer.Option(
             "--if-missing",
-            help="Do nothing when the pipelines already have a data root ($R3RAG_DATA, ../shared/data, "
-            "or a fetched copy that holds the sets).",
+            help="Do nothing when the pipelines already have a data root ($R3RAG_DATA, or a fetched copy "
+            "that holds the sets).",
         ),
     ] = False,
     debug: DebugOpt = False,

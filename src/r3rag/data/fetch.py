@@ -11,7 +11,7 @@ each hub file's sha256 and each data set written; a file already there is re-che
 fetched again, so a rerun after an interruption continues where it stopped.
 
 The root is `--root`, else `$R3RAG_DATA`, else `data/fetched` (r3rag.data.shared), which the
-pipelines read when neither `$R3RAG_DATA` nor `../shared/data` exists.
+pipelines read when `$R3RAG_DATA` is not set.
 
 Usage:
     root = fetch(["hotpotqa"])                 # [] = the manifest's default set; ["all"] = every QA set
@@ -31,7 +31,7 @@ from pathlib import Path
 from r3rag.data.download import Remote, download, file_sha256
 from r3rag.data.manifest import LOCK_NAME, Lock, Manifest, load_manifest
 from r3rag.data.outputs import write_outputs
-from r3rag.data.shared import SHARED, fetch_root
+from r3rag.data.shared import fetch_root
 from r3rag.util.errors import UserError
 
 
@@ -75,8 +75,6 @@ def fetch(
                 lock.write()
                 say(console, f"data: {name}: " + ", ".join(f"{p} ({n} rows)" for p, n in written.items()))
         _readme(m, lock, root)
-    if os.environ.get("R3RAG_DATA") is None and SHARED.is_dir() and root != SHARED:
-        say(console, f"data: note: the pipelines read {SHARED} first; R3RAG_DATA={root} makes them read this copy")
     return root
 
 
@@ -91,8 +89,6 @@ def ensure(names: list[str] | None = None, manifest: Path | None = None, console
     env = os.environ.get("R3RAG_DATA")
     if env and Path(env).expanduser().is_dir() and not (Path(env).expanduser() / LOCK_NAME).is_file():
         return Path(env).expanduser()  # a local copy: used as it is
-    if not env and SHARED.is_dir():
-        return SHARED
     m = load_manifest(manifest)
     root = fetch_root()
     if Lock.read(root).for_manifest(m).complete(m.resolve(names or [])):

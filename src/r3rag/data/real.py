@@ -3,7 +3,7 @@
 The world stage's `source: files` reads question files (any format `r3rag import` reads:
 HotpotQA, 2Wiki, MuSiQue, FlashRAG JSONL; the shared data's files) per split, and corpus files
 (FlashRAG `contents` or `{id, title, text}`), relative to `data_root` (default: `$R3RAG_DATA`,
-the checkout's `../shared/data`, or the copy `r3rag data fetch` downloads: r3rag.data.shared).
+else the copy `r3rag data fetch` downloads: r3rag.data.shared).
 The corpus is the corpus files plus every context paragraph the questions carry (so each
 question's gold passages can be retrieved), one copy per title + text. A question that appears in an evaluation split (same id, or the same
 normalised text) is dropped from `train`: training never sees a dev or test question.
@@ -43,12 +43,12 @@ class RealData:
 
 
 def data_root(configured: str) -> Path:
-    """`configured`, else the shared data (`$R3RAG_DATA`, ../shared/data, or the fetched copy)."""
+    """`configured`, else the data root (`$R3RAG_DATA`, else the fetched copy)."""
     from r3rag.data.shared import shared_data
 
     root = Path(configured).expanduser() if configured else shared_data()
     if root is None or not root.is_dir():
-        where = configured or "$R3RAG_DATA, ../shared/data or data/fetched"
+        where = configured or "$R3RAG_DATA or data/fetched"
         raise UserError(
             f"world.data_root: no data directory ({where}): fetch the real QA sets with `make data` "
             "(r3rag data fetch), or point R3RAG_DATA at a local copy"

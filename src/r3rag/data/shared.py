@@ -1,8 +1,11 @@
-"""Where the real QA sets and corpora live: `$R3RAG_DATA`, else a checkout's `../shared/data`, else the
-copy `r3rag data fetch` (`make data`) downloads from the Hugging Face hub (`data/fetched` in a checkout).
+"""Where the real QA sets and corpora live: `$R3RAG_DATA`, else the copy `r3rag data fetch`
+(`make data`) downloads from the Hugging Face hub (`data/fetched` in a checkout).
 
-Tests and benchmarks that need them call `shared_data()` and skip with one line when it
-returns None (a user's fresh clone has neither until `make data`).
+Nothing else is looked for: a folder that happens to sit beside the clone is never read unasked.
+The test suite and CI point `$R3RAG_DATA` at the offline copy they use themselves.
+
+Tests and benchmarks that need the data call `shared_data()` and skip with one line when it
+returns None (a user's fresh clone has none until `make data`).
 
 Usage:
     root = shared_data()      # Path or None: where the pipelines' `world.source=files` reads
@@ -15,7 +18,6 @@ import os
 from pathlib import Path
 
 _REPO = Path(__file__).resolve().parents[3]
-SHARED = _REPO.parent / "shared" / "data"
 
 
 def fetched_default() -> Path:
@@ -34,8 +36,6 @@ def shared_data() -> Path | None:
     env = os.environ.get("R3RAG_DATA")
     if env:
         return Path(env).expanduser() if Path(env).expanduser().is_dir() else None
-    if SHARED.is_dir():
-        return SHARED
     fetched = fetched_default()
     # Once a fetch has written something (its lock file): an attempt that never reached the hub leaves none.
     return fetched if (fetched / "flashrag.lock.json").is_file() else None

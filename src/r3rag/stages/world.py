@@ -14,7 +14,7 @@ are the ones a single retrieval can answer, reported apart (`named_question_only
 
 `source: files` reads real questions and passages instead (see r3rag.data.real): question files
 per split (`train`, `dev`, `test`; any format `r3rag import` reads) and `corpus` files, relative
-to `data_root` (default `$R3RAG_DATA`, ../shared/data, or data/fetched: `r3rag data fetch`),
+to `data_root` (default `$R3RAG_DATA`, else data/fetched: `r3rag data fetch`),
 `limits` questions per file and split. The same files are written (plus `dev.jsonl`), so every
 later stage reads it like a world; the artifact id follows the files' content, not where they are.
 
@@ -49,9 +49,7 @@ class Config(WorldConfig):
     test: list[str] = field(default_factory=list)  # source=files: test question files
     corpus: list[str] = field(default_factory=list)  # passage files (FlashRAG contents or id/title/text)
     limits: dict[str, int] = field(default_factory=dict)  # split -> first N questions of each file (0 = all)
-    data_root: str = unhashed(
-        ""
-    )  # "" = $R3RAG_DATA, ../shared/data, data/fetched (the files are hashed, not their place)
+    data_root: str = unhashed("")  # "" = $R3RAG_DATA, else data/fetched (the files are hashed, not their place)
 
 
 def validate(cfg: Config) -> None:
