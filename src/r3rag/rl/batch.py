@@ -26,6 +26,7 @@ def rollout_batch(
     max_completion_tokens: int,
     mask_retrieved: bool = True,
     steps: list[list] | None = None,
+    turns: bool = False,
 ) -> dict:
     """TRL's rollout dict: ids and env_mask from the one span rule shared with SFT, except the
     final EOS: learned only where the model sampled it (`eos_rule="sampled"`), never the one
@@ -33,7 +34,8 @@ def rollout_batch(
     `mask_retrieved=False` is Search-R1's ablation: retrieved tokens get loss like model tokens
     (the final EOS keeps its own rule).
     `steps` (per-step credit): each trajectory's [turn index, process reward] pairs
-    (`RewardScorer.score_steps`), returned as `step_credit` token spans (`step_spans`)."""
+    (`RewardScorer.score_steps`), returned as `step_credit` token spans (`step_spans`).
+    `turns` (ppo_unit=step): each model turn's token span, as `turn_spans` (`turn_spans`)."""
     pairs = [completion_with_eos(t, eos_id, max_completion_tokens, eos_rule="sampled") for t in trajs]
     logprobs = [completion_logprobs(t, eos_id, len(ids)) for t, (ids, _) in zip(trajs, pairs)]
     if not mask_retrieved:
@@ -49,7 +51,20 @@ def rollout_batch(
     }
     if steps is not None:
         out["step_credit"] = [step_spans(t, s, len(ids)) for t, s, (ids, _) in zip(trajs, steps, pairs)]
+    if turns:
+        out["turn_spans"] = [turn_spans(t, len(ids)) for t, (ids, _) in zip(trajs, pairs)]
     return out
+
+
+def turn_spans(traj: Trajectory, n: int) -> list[list[int]]:
+    """[start, end) of each model turn's tokens in the completion of `n` ids (cut at n)."""
+    spans, pos = [], 0
+    for t in traj.turns:
+        size = len(t.ids or [])
+        if t.role == "model" and pos < n:
+            spans.append([pos, min(pos + size, n)])
+        pos += size
+    return spans
 
 
 def step_spans(traj: Trajectory, steps: list[list], n: int) -> list[list]:

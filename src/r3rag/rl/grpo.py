@@ -100,30 +100,29 @@ def make_rollout_func(
         examples = [by_prompt[p] for p in prompts]
         t0 = time.perf_counter()
         ret, scoring = Timed(retriever), Timed(None)
-        with generator(trainer, tokenizer, cfg) as gen:
-            gen = Timed(gen)
+        gen = Timed(None)
 
-            def roll(exs: list[dict]) -> tuple:
-                trajs = run_rollouts(exs, gen, ret, protocol, env_cfg, tokenizer)
-                return exs, trajs, *scoring._time(scorer.score_steps, trajs, exs)
+        def roll(exs: list[dict]) -> tuple:
+            trajs = rollouts_at_temperatures(exs, trainer, tokenizer, cfg, gen, ret, protocol, env_cfg)
+            return exs, trajs, *scoring._time(scorer.score_steps, trajs, exs)
 
-            if cfg.dynamic_sampling:
-                check_whole_groups(prompts, cfg.num_generations)
-                from r3rag.rl.rewards import group_has_signal
+        if cfg.dynamic_sampling:
+            check_whole_groups(prompts, cfg.num_generations)
+            from r3rag.rl.rewards import group_has_signal
 
-                draw = fresh_questions(
-                    questions, examples, cfg.seed, trainer.state.global_step, trainer.accelerator.process_index
-                )
-                (examples, trajs, scores, steps), sampling = dynamic_sample(
-                    examples,
-                    cfg.num_generations,
-                    roll,
-                    draw,
-                    lambda part: group_has_signal(scorer, part[2], part[3]),
-                    cfg.dynamic_sampling_rounds,
-                )
-            else:
-                (_, trajs, scores, steps), sampling = roll(examples), {}
+            draw = fresh_questions(
+                questions, examples, cfg.seed, trainer.state.global_step, trainer.accelerator.process_index
+            )
+            (examples, trajs, scores, steps), sampling = dynamic_sample(
+                examples,
+                cfg.num_generations,
+                roll,
+                draw,
+                lambda part: group_has_signal(scorer, part[2], part[3]),
+                cfg.dynamic_sampling_rounds,
+            )
+        else:
+            (_, trajs, scores, steps), sampling = roll(examples), {}
         timing = {
             "generation": gen.seconds,
             "retrieval": ret.seconds,
@@ -138,11 +137,30 @@ def make_rollout_func(
             cfg.max_completion_tokens,
             cfg.mask_retrieved,
             steps if scorer.step_credit else None,
+            turns=cfg.ppo_unit == "step",
         )
         # The refilled groups' prompt_ids are what TRL trains on; its own `prompts` list only feeds its logs.
         return {**batch, "scores": scores, "timing": timing, "sampling": sampling}
 
     return rollout_func
+
+
+def rollouts_at_temperatures(examples, trainer, tokenizer, cfg: GRPOSettings, timer: Timed, ret, protocol, env_cfg):
+    """The trajectories of `examples` (each prompt's samples in a row, as TRL repeats them), the
+    i-th sample of a group drawn at `cfg.sample_temperatures[i % len]` (R3-RAG's mix; one run of
+    the env loop per temperature), or all at `cfg.temperature`; generation time goes to `timer`."""
+    temps = cfg.sample_temperatures or [cfg.temperature]
+    trajs: list = [None] * len(examples)
+    for j, temperature in enumerate(temps):
+        rows = [i for i in range(len(examples)) if i % cfg.num_generations % len(temps) == j]
+        if not rows:
+            continue
+        with generator(trainer, tokenizer, replace(cfg, temperature=temperature)) as gen:
+            timer.inner = gen
+            done = run_rollouts([examples[i] for i in rows], timer, ret, protocol, env_cfg, tokenizer)
+        for i, traj in zip(rows, done):
+            trajs[i] = traj
+    return trajs
 
 
 class generator:
@@ -256,7 +274,10 @@ def build_trainer(
     callbacks=(),
     sampler=None,
     dev_questions: list[dict] | None = None,
+    critic=None,
 ):
+    """TRL's trainer for `cfg.algorithm`: R3ragGRPOTrainer for grpo, r3rag.rl.ppo's for ppo, rloo
+    and reinforce_pp (ppo's critic built from `model` unless given)."""
     from datasets import Dataset
     from trl import GRPOConfig
 
@@ -286,7 +307,8 @@ def build_trainer(
         warmup_steps=cfg.warmup_ratio,
         weight_decay=cfg.weight_decay,
         max_grad_norm=cfg.max_grad_norm,
-        beta=cfg.beta,
+        beta=cfg.beta if cfg.algorithm == "grpo" else cfg.kl_coef,  # the others: TRL scores the reference only
+        entropy_coef=cfg.entropy_coef,
         loss_type=cfg.loss_type,
         scale_rewards=cfg.scale_rewards,
         epsilon=cfg.epsilon,
@@ -305,10 +327,12 @@ def build_trainer(
         **vllm,
         **device_flags(cfg.bf16),
     )
+    if cfg.sample_temperatures:  # vLLM's log-probs are at each sample's temperature, the trainer's at rl.temperature
+        args.vllm_importance_sampling_correction = False
     ds = Dataset.from_dict({"prompt": [protocol.context_prompt(q["question"], tokenizer) for q in questions]})
     rollout = make_rollout_func(questions, retriever, protocol, tokenizer, scorer, cfg, sampler)
     dev = DevEval(dev_questions, retriever, protocol, tokenizer, cfg, Path(work_dir)) if dev_questions else None
-    trainer = R3ragGRPOTrainer(
+    common = dict(
         model=model,
         reward_funcs=funcs,
         args=args,
@@ -316,8 +340,19 @@ def build_trainer(
         processing_class=tokenizer,
         rollout_func=rollout,
         callbacks=[*callbacks, *([dev] if dev else [])],
-        step_credit_weight=scorer.process_weight() if scorer.step_credit else 0.0,
     )
+    if cfg.algorithm == "grpo":
+        trainer = R3ragGRPOTrainer(**common, step_credit_weight=scorer.process_weight() if scorer.step_credit else 0.0)
+    else:
+        from r3rag.rl.critic import build_critic
+        from r3rag.rl.ppo import R3ragPPOTrainer
+
+        if cfg.algorithm == "ppo" and critic is None:
+            from transformers import set_seed
+
+            set_seed(cfg.seed)  # the fresh value head's initial weights are the run's
+            critic = build_critic(model)  # before any step moves the policy
+        trainer = R3ragPPOTrainer(**common, algo=cfg, critic=critic)
     if dev:
         dev.trainer = trainer
     return trainer

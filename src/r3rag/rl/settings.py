@@ -17,12 +17,13 @@ from typing import Literal
 
 from r3rag.core.env import EnvSettings
 from r3rag.training.checkpoints import check_save_steps
-from r3rag.util.config import check_literals, unhashed, unhashed_since_built
+from r3rag.util.config import check_literals, hashed_when_set, unhashed, unhashed_since_built
 from r3rag.util.errors import UserError
 
 LossType = Literal["dapo", "grpo", "dr_grpo", "bnpo", "cispo", "sapo", "luspo", "vespo"]
 TOKEN_LEVEL_LOSSES = ("grpo", "dapo", "dr_grpo", "bnpo", "cispo", "sapo")  # per-token advantages make sense
 VllmMode = Literal["auto", "", "colocate", "server"]
+Algorithm = Literal["grpo", "ppo", "rloo", "reinforce_pp"]
 
 
 @dataclass
@@ -50,6 +51,23 @@ class GRPOSettings(EnvSettings):  # top_k, max_turns, max_new_tokens: r3rag.core
     epsilon_high: float | None = None  # upper clip bound (clip-higher; DAPO: 0.28); None = epsilon
     dynamic_sampling: bool = False  # DAPO: replace groups whose rewards have zero variance with fresh questions
     dynamic_sampling_rounds: int = 4  # refill rounds per rollout batch before flat groups are let through
+    # The algorithm (docs/rl.md): grpo (TRL's group-relative advantage), ppo (GAE against a learned
+    # critic, r3rag.rl.ppo), rloo (leave-one-out baseline over each group), reinforce_pp (REINFORCE++:
+    # returns whitened over the batch). Epochs and mini-batches over one rollout batch are
+    # num_iterations (veRL's ppo_epochs) and steps_per_generation for every algorithm.
+    algorithm: Algorithm = hashed_when_set("grpo")
+    kl_coef: float = hashed_when_set(0.0)  # ppo, rloo, reinforce_pp: k1 KL to the start policy, in the reward
+    entropy_coef: float = hashed_when_set(0.0)  # entropy bonus in the loss (Search-R1's veRL config: 0.001)
+    critic_lr: float = hashed_when_set(1e-5)  # ppo: the critic's learning rate (its own AdamW)
+    critic_warmup_steps: int = hashed_when_set(0)  # ppo: first steps train the critic only
+    value_clip: float = hashed_when_set(0.5)  # ppo: values move at most this far from the rollout's (0: off)
+    gamma: float = hashed_when_set(1.0)  # ppo, reinforce_pp: discount per model token
+    lam: float = hashed_when_set(1.0)  # ppo: GAE's lambda
+    # ppo: trajectory (Search-R1: one sample per trajectory) or step (R3-RAG: each search step its own
+    # episode, nothing bootstrapped across steps)
+    ppo_unit: Literal["trajectory", "step"] = hashed_when_set("trajectory")
+    # temperatures the samples of a group cycle through (R3-RAG: [0.1, 0.4, 0.7, 1.0]); [] = temperature
+    sample_temperatures: list[float] = hashed_when_set(default_factory=list)
     # process reward (relevance, r3rag): folded into the trajectory's reward, or credited to each search step's tokens
     process_credit: Literal["trajectory", "step"] = "trajectory"
     # rollouts
@@ -101,8 +119,54 @@ def check_settings(cfg: GRPOSettings) -> None:
             f"rl.epsilon_high: expected at least rl.epsilon ({cfg.epsilon}) (clip-higher widens the "
             f"upper bound; DAPO uses 0.28), got {cfg.epsilon_high}"
         )
+    check_algorithm(cfg)
     if cfg.process_credit == "step" and cfg.loss_type not in TOKEN_LEVEL_LOSSES:
         raise UserError(
             f"rl.process_credit=step: loss_type {cfg.loss_type} weighs whole sequences; use one of "
             f"{', '.join(TOKEN_LEVEL_LOSSES)}"
+        )
+
+
+def check_algorithm(cfg: GRPOSettings) -> None:
+    """The settings of ppo, rloo and reinforce_pp, and the GRPO settings they cannot honour."""
+    for name, low, high in (("gamma", 0.0, 1.0), ("lam", 0.0, 1.0)):
+        if not low <= getattr(cfg, name) <= high:
+            raise UserError(f"rl.{name}: expected a number in [{low:g}, {high:g}], got {getattr(cfg, name)}")
+    if cfg.critic_lr <= 0:
+        raise UserError(f"rl.critic_lr: expected a learning rate above 0, got {cfg.critic_lr}")
+    for name in ("kl_coef", "entropy_coef", "value_clip", "critic_warmup_steps"):
+        if getattr(cfg, name) < 0:
+            raise UserError(f"rl.{name}: expected 0 or more, got {getattr(cfg, name)}")
+    if any(t <= 0 for t in cfg.sample_temperatures):
+        raise UserError(f"rl.sample_temperatures: expected temperatures above 0, got {cfg.sample_temperatures}")
+    algo = cfg.algorithm
+    if algo == "grpo":
+        if cfg.kl_coef:
+            raise UserError(
+                "rl.kl_coef: the KL penalty in the reward is ppo's, rloo's and reinforce_pp's; GRPO's is rl.beta"
+            )
+        if cfg.ppo_unit != "trajectory":
+            raise UserError("rl.ppo_unit=step: set rl.algorithm=ppo (or reinforce_pp)")
+        return
+    if cfg.beta:
+        raise UserError(f"rl.beta: {algo} puts its KL penalty in the reward; set rl.kl_coef instead (and rl.beta=0)")
+    if cfg.dynamic_sampling and algo != "rloo":
+        raise UserError(
+            f"rl.dynamic_sampling: {algo} does not compare a question's samples with each other, so a group "
+            "whose rewards are all equal still carries signal; set rl.dynamic_sampling=false"
+        )
+    if algo == "rloo" and cfg.num_generations < 2:
+        raise UserError(
+            f"rl.algorithm=rloo: needs rl.num_generations >= 2 (the leave-one-out baseline), got {cfg.num_generations}"
+        )
+    if algo == "rloo" and (cfg.process_credit == "step" or cfg.ppo_unit == "step"):
+        raise UserError(
+            "rl.algorithm=rloo: one advantage per trajectory; set rl.process_credit=trajectory and rl.ppo_unit=trajectory"
+        )
+    if cfg.ppo_unit == "step" and algo != "ppo" and algo != "reinforce_pp":
+        raise UserError("rl.ppo_unit=step: set rl.algorithm=ppo (or reinforce_pp)")
+    if algo == "ppo" and cfg.critic_warmup_steps >= cfg.steps:
+        raise UserError(
+            f"rl.critic_warmup_steps: {cfg.critic_warmup_steps} critic-only steps leave none of rl.steps "
+            f"({cfg.steps}) for the policy"
         )

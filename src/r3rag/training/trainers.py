@@ -50,6 +50,7 @@ from trl import GRPOTrainer, SFTTrainer
 SMALL_VOCAB = 32_768
 LOGPS_ROWS = 32  # rows per forward pass once sorted by length (benchmarks/grpo_padding.py)
 PLAIN_KWARGS = {"batch_size", "compute_entropy", "compute_aux_loss"}
+ROW_FIELDS = ("step_credit", "turn_spans")  # per-row token spans the rollout function returns (r3rag.rl.batch)
 
 
 class FastSFTTrainer(SFTTrainer):
@@ -172,12 +173,14 @@ class R3ragGRPOTrainer(ResumableGRPOTrainer):
         self.extra_logs: dict[str, float] = {}
         self.step_credit_weight = step_credit_weight
         self._spans: list[list] = []
-        if step_credit_weight and self.rollout_func is not None:
+        self.row_extras: dict[str, list] = {}  # this process's rows' token spans (ROW_FIELDS), last rollout
+        if self.rollout_func is not None:
             inner = self.rollout_func
 
             def keep_spans(prompts, trainer):  # the spans stay here: they are not a reward function's input
                 out = inner(prompts, trainer)
-                self._spans = out.pop("step_credit")
+                self.row_extras = {k: out.pop(k) for k in ROW_FIELDS if k in out}
+                self._spans = self.row_extras.get("step_credit", [])
                 return out
 
             self.rollout_func = keep_spans

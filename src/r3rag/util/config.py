@@ -109,11 +109,11 @@ def unhashed(default: Any = dataclasses.MISSING, *, default_factory: Any = datac
     return dataclasses.field(default=default, default_factory=default_factory, metadata={"hashed": False})
 
 
-def hashed_when_set(default: Any):
+def hashed_when_set(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING):
     """A dataclass field for a setting added after artifacts were built without it: while it holds
     its default it stays out of the config hash, so those artifacts keep their ids (a long
     replication resumes across code changes); set to anything else, it enters the hash as usual."""
-    return dataclasses.field(default=default, metadata={"hashed": "when_set"})
+    return dataclasses.field(default=default, default_factory=default_factory, metadata={"hashed": "when_set"})
 
 
 def unhashed_since_built(default: Any):
@@ -137,7 +137,11 @@ def _hash_value(cfg, f: dataclasses.Field) -> Any:
 
 def _enters_hash(cfg, f: dataclasses.Field) -> bool:
     mark = f.metadata.get("hashed", True)
-    return mark in (True, "as_default") or (mark == "when_set" and getattr(cfg, f.name) != f.default)
+    return mark in (True, "as_default") or (mark == "when_set" and getattr(cfg, f.name) != _default(f))
+
+
+def _default(f: dataclasses.Field) -> Any:
+    return f.default_factory() if f.default_factory is not dataclasses.MISSING else f.default
 
 
 def _hashed(value: Any) -> Any:
