@@ -9,11 +9,16 @@ Baseline, measured in the same run: TRL's GRPOTrainer with its built-in single-t
 generation (no environment, no retrieval) on the same model, prompts and group size, one
 turn of the same token budget. The ratio says what the multi-turn environment costs.
 
-    python benchmarks/rl_step.py [--steps 6] [--threads 2]
+PPO against GRPO, in the same run on the same cold start (`--algorithms`): each algorithm's
+`r3rag rl` in a process of its own, so each peak RSS is its own; PPO's critic is one more model's
+forward and backward per step (and its AdamW state).
+
+    python benchmarks/rl_step.py [--steps 6] [--threads 2] [--algorithms]
 
 The last line is JSON: seconds_per_step, share_generation, share_retrieval, share_optimizer
 (+ share_reward, share_update = the rest: loss forward/backward and TRL's bookkeeping,
-baseline_seconds_per_step, ratio_vs_single_turn).
+baseline_seconds_per_step, ratio_vs_single_turn); with --algorithms instead: grpo_step_s,
+ppo_step_s, ppo_over_grpo, grpo_peak_rss_mb, ppo_peak_rss_mb.
 """
 
 from __future__ import annotations
@@ -43,7 +48,7 @@ def prepare(runs: Path, threads: int):
     return run_stage("sft", None, ["limit=2000", "epochs=1", "lr=1e-3", f"threads={threads}"], runs)
 
 
-def multi_turn(runs: Path, steps: int, threads: int) -> dict:
+def multi_turn(runs: Path, steps: int, threads: int, *extra: str) -> dict:
     from r3rag.experiments.pipeline import run_stage
     from r3rag.util.jsonl import read_jsonl
 
@@ -51,6 +56,7 @@ def multi_turn(runs: Path, steps: int, threads: int) -> dict:
         "rl",
         None,
         [
+            *extra,
             f"steps={steps}",
             f"prompts_per_step={PROMPTS}",
             f"num_generations={GROUP}",
@@ -130,14 +136,50 @@ def single_turn(sft_path: Path, runs: Path, steps: int) -> float:
     return statistics.mean(times[1:])
 
 
+def one_algorithm(runs: Path, algorithm: str, steps: int, threads: int) -> None:
+    """Child process: one algorithm's `r3rag rl` on the prepared runs dir; prints its JSON line."""
+    import resource
+
+    m = multi_turn(runs, steps, threads, f"name=bench-{algorithm}", f"algorithm={algorithm}")
+    peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    print(json.dumps({"step_s": m["seconds_per_step"], "peak_rss_mb": round(peak_mb, 1)}))
+
+
+def compare_algorithms(runs: Path, steps: int, threads: int) -> dict:
+    import subprocess
+
+    out = {}
+    for algorithm in ("grpo", "ppo"):
+        cmd = [sys.executable, __file__, "--one", algorithm, str(runs), "--steps", str(steps)]
+        done = subprocess.run([*cmd, "--threads", str(threads)], capture_output=True, text=True, check=True)
+        row = json.loads(done.stdout.strip().splitlines()[-1])
+        out[f"{algorithm}_step_s"], out[f"{algorithm}_peak_rss_mb"] = round(row["step_s"], 3), row["peak_rss_mb"]
+    out["ppo_over_grpo"] = round(out["ppo_step_s"] / out["grpo_step_s"], 3)
+    print(
+        f"PPO step {out['ppo_step_s']:.2f} s (peak {out['ppo_peak_rss_mb']:.0f} MB) vs GRPO "
+        f"{out['grpo_step_s']:.2f} s ({out['grpo_peak_rss_mb']:.0f} MB): {out['ppo_over_grpo']:.2f}x",
+        file=sys.stderr,
+    )
+    return out
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--algorithms", action="store_true", help="PPO against GRPO instead of the step's shares")
+    ap.add_argument("--one", nargs=2, metavar=("ALGORITHM", "RUNS"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     import torch
 
     torch.set_num_threads(a.threads)
+    if a.one:
+        return one_algorithm(Path(a.one[1]), a.one[0], a.steps, a.threads)
+    if a.algorithms:
+        with tempfile.TemporaryDirectory() as tmp:
+            prepare(Path(tmp), a.threads)
+            print(json.dumps(compare_algorithms(Path(tmp), a.steps, a.threads)))
+        return
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(tmp)
         sft = prepare(runs, a.threads)

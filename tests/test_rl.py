@@ -248,10 +248,20 @@ def test_vllm_auto_uses_vllm_only_where_it_is_installed_and_a_gpu_is_present(mon
         resolve_vllm("vllm")
 
 
-@pytest.mark.parametrize("name", ["search-r1-qwen2.5-3b.yaml", "r3rag-qwen2.5-7b.yaml", "demo.yaml"])
+@pytest.mark.parametrize(
+    "name",
+    [
+        "search-r1-qwen2.5-3b.yaml",
+        "r3rag-qwen2.5-7b.yaml",
+        "search-r1-qwen2.5-3b-ppo.yaml",
+        "r3rag-qwen2.5-7b-ppo.yaml",
+        "demo.yaml",
+    ],
+)
 def test_recipe_pipelines_parse_with_the_config_loader(name):
     from r3rag.experiments.pipeline import _load_pipeline, _section
     from r3rag.stages import STAGE_ORDER, stage_module
+    from r3rag.stages.rl import validate
     from r3rag.util.config import build_config
 
     path = ROOT / "pipelines" / name
@@ -259,8 +269,12 @@ def test_recipe_pipelines_parse_with_the_config_loader(name):
     stages = data.get("stages") or [s for s in STAGE_ORDER if s in data]
     configs = {s: build_config(stage_module(s).Config, _section(data, s, path), where=f"{path}: {s}") for s in stages}
     assert "rl" in configs
-    if name != "demo.yaml":
-        rl = configs["rl"]
+    rl = configs["rl"]
+    validate(rl)
+    if name.endswith("-ppo.yaml"):  # the seeds' PPO: KL in the reward, a critic 10-18x the actor's lr
+        assert rl.algorithm == "ppo" and rl.beta == 0 and rl.kl_coef > 0 and rl.critic_lr >= 10 * rl.lr
+        assert (rl.value_clip, rl.ppo_unit) == ((0.2, "step") if name.startswith("r3rag") else (0.5, "trajectory"))
+    elif name != "demo.yaml":
         assert rl.lr <= 1e-6 and rl.beta > 0 and rl.num_generations in (4, 5) and rl.top_k in (2, 3)
 
 

@@ -129,14 +129,19 @@ def check_settings(cfg: GRPOSettings) -> None:
 
 def check_algorithm(cfg: GRPOSettings) -> None:
     """The settings of ppo, rloo and reinforce_pp, and the GRPO settings they cannot honour."""
-    for name, low, high in (("gamma", 0.0, 1.0), ("lam", 0.0, 1.0)):
-        if not low <= getattr(cfg, name) <= high:
-            raise UserError(f"rl.{name}: expected a number in [{low:g}, {high:g}], got {getattr(cfg, name)}")
+    for name, value in (("gamma", cfg.gamma), ("lam", cfg.lam)):
+        if not 0 <= value <= 1:
+            raise UserError(f"rl.{name}: expected a number in [0, 1], got {value}")
     if cfg.critic_lr <= 0:
         raise UserError(f"rl.critic_lr: expected a learning rate above 0, got {cfg.critic_lr}")
-    for name in ("kl_coef", "entropy_coef", "value_clip", "critic_warmup_steps"):
-        if getattr(cfg, name) < 0:
-            raise UserError(f"rl.{name}: expected 0 or more, got {getattr(cfg, name)}")
+    for name, value in (
+        ("kl_coef", cfg.kl_coef),
+        ("entropy_coef", cfg.entropy_coef),
+        ("value_clip", cfg.value_clip),
+        ("critic_warmup_steps", cfg.critic_warmup_steps),
+    ):
+        if value < 0:
+            raise UserError(f"rl.{name}: expected 0 or more, got {value}")
     if any(t <= 0 for t in cfg.sample_temperatures):
         raise UserError(f"rl.sample_temperatures: expected temperatures above 0, got {cfg.sample_temperatures}")
     algo = cfg.algorithm

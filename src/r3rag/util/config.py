@@ -160,10 +160,22 @@ def _from_dict(cls, data: Any, where: str):
     fields = {f.name: f for f in dataclasses.fields(cls)}
     unknown = sorted(set(data) - set(fields))
     if unknown:
-        raise UserError(f"{where}: unknown key {unknown[0]!r} (known: {', '.join(sorted(fields))})")
+        raise UserError(f"{where}: unknown key {unknown[0]!r} ({_known_keys(unknown[0], sorted(fields))})")
     hints = typing.get_type_hints(cls)
     kwargs = {k: _coerce(hints[k], v, f"{where}.{k}") for k, v in data.items()}
     return cls(**kwargs)
+
+
+def _known_keys(key: str, known: list[str]) -> str:
+    """The keys a section knows, all of them while the list is short; else the ones closest to
+    `key` and where the rest are listed (one line a reader takes in)."""
+    if len(known) <= 40:
+        return f"known: {', '.join(known)}"
+    import difflib
+
+    close = difflib.get_close_matches(key, known, n=5, cutoff=0.6)
+    hint = f"closest: {', '.join(close)}; " if close else ""
+    return f"{hint}{len(known)} known keys: the stage's --help lists them"
 
 
 def _coerce(tp, value: Any, where: str):
