@@ -371,3 +371,37 @@ def test_samples_of_a_group_cycle_through_the_sample_temperatures(monkeypatch):
     )
     assert used == [0.1, 0.4, 0.7, 1.0]
     assert [float(t.answer) for t in trajs] == [0.1, 0.4, 0.7, 1.0] * 2
+
+
+# ---- through the stage -------------------------------------------------------------------------
+
+
+def test_the_rl_stage_runs_ppo_with_lora_a_kl_penalty_and_the_best_dev_step(pipeline_runs):
+    """`r3rag rl --set algorithm=ppo` end to end: a LoRA policy and critic, the KL in the reward
+    against the adapters-off reference, dev EM each step, the best step published, checkpoints
+    with the critic in them, the critic's lines in metrics.jsonl and the manifest's summary."""
+    from r3rag.experiments.pipeline import run_stage
+    from r3rag.util.jsonl import read_jsonl
+
+    runs, _ = pipeline_runs
+    (world,) = (runs / "world").glob("*/train.jsonl")  # the fixture's world has no dev split: train stands in
+    settings = {
+        "eval_questions": world,
+        "steps": 2,
+        "prompts_per_step": 2,
+        "num_generations": 2,
+        "max_turns": 2,
+        "max_new_tokens": 12,
+    }
+    extra = {"algorithm": "ppo", "lora": "true", "kl_coef": 0.01, "eval_every": 1, "eval_limit": 4}
+    extra |= {"keep": "best_dev", "save_steps": 1, "bf16": "false", "name": "ppo", "critic_lr": 1e-3}
+    ref = run_stage("rl", None, [f"{k}={v}" for k, v in {**settings, **extra}.items()], runs)
+    rows = read_jsonl(ref.path / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    for key in ("critic/value_loss", "critic/explained_variance", "kl/k1_mean", "dev/em", "reward"):
+        assert key in rows[0], key
+    assert rows[0]["kl/k1_mean"] == pytest.approx(0.0, abs=1e-6)  # step 1 rolls out with the reference itself
+    metrics = ref.manifest["metrics"]
+    assert "last_critic/value_loss" in metrics and metrics["kept_step"] in (0, 1, 2)
+    assert (ref.path / "model" / "model.safetensors").is_file()  # the policy, merged; no critic published
+    assert not list(ref.path.rglob("critic.pt"))

@@ -1,4 +1,5 @@
-"""`r3rag rl`: GRPO with TRL's GRPOTrainer and a multi-turn `rollout_func`.
+"""`r3rag rl`: GRPO (or PPO with a critic, RLOO, REINFORCE++: `algorithm`, r3rag.rl.ppo) with
+TRL's GRPOTrainer and a multi-turn `rollout_func`.
 
 Each process rolls out its share of every step's prompts through the environment loop
 (generate until `</search>`/`</answer>`, retrieve, append the documents...) and returns
@@ -36,6 +37,7 @@ Usage:
     r3rag rl --set steps=30 --set num_generations=8 --set rewards='{em: 1.0, format: 0.1}'
     r3rag rl --set rewards='{r3rag: 1.0, em: 0}' --set reward.relevance=embedding
     r3rag rl --set retriever=http://127.0.0.1:8000 --set index=    # search through a retrieval server
+    r3rag rl --set algorithm=ppo --set kl_coef=0.001 --set critic_lr=1e-5   # PPO with a learned critic
     r3rag rl --resume                                               # continue a killed run
     r3rag rl --set eval_every=10 --set keep=best_dev                # publish the best step on dev
     r3rag rl --set dynamic_sampling=true --set epsilon_high=0.28 --set beta=0.001
@@ -130,7 +132,8 @@ def run(cfg: Config, ctx: Context):
     model, tokenizer, protocol_dict, base = _start(cfg, inputs)
     questions = cfg.read_questions(inputs)
     if state.is_main_process:
-        ctx.console.print(f"rl: rollouts with {f'vLLM ({backend})' if backend else 'transformers'}")
+        algorithm = "" if cfg.algorithm == "grpo" else f"{cfg.algorithm}, "
+        ctx.console.print(f"rl: {algorithm}rollouts with {f'vLLM ({backend})' if backend else 'transformers'}")
     from r3rag.training.observe import TrainClock
 
     clock = TrainClock(resume_from, work / "metrics.jsonl")  # seconds survive a resume
@@ -297,8 +300,10 @@ def summarize(rows: list[dict]) -> dict:
     if not rows:
         return {}
     keys = [
-        k for k in rows[-1] if k == "reward" or k.startswith(("rewards/", "rollout/")) and not k.endswith("/std")
-    ] + [k for k in ("kl", "entropy", "dev/em", "dev/f1") if k in rows[-1]]
+        k
+        for k in rows[-1]
+        if k == "reward" or k.startswith(("rewards/", "rollout/", "critic/")) and not k.endswith("/std")
+    ] + [k for k in ("kl", "kl/k1_mean", "entropy", "dev/em", "dev/f1") if k in rows[-1]]
     out = {"steps": rows[-1]["step"]}
     for k in keys:
         vals = [r[k] for r in rows if r.get(k) is not None]
