@@ -287,9 +287,13 @@ def test_accelerate_configs_are_valid_yaml(name):
 
 
 @pytest.mark.slow
-def test_two_processes_on_cpu_each_roll_out_their_share(pipeline_runs, tmp_path):
-    """accelerate launch --num_processes 2 on CPU (gloo): the run finishes, both ranks contribute rollouts."""
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_two_processes_on_cpu_each_roll_out_their_share(pipeline_runs, tmp_path, algorithm):
+    """accelerate launch --num_processes 2 on CPU (gloo): the run finishes, both ranks contribute
+    rollouts; PPO's critic trains under DDP beside the policy and goes into each checkpoint."""
     from r3rag.util.jsonl import read_jsonl
+
+    extra = {"algorithm": "ppo", "save_steps": 1} if algorithm == "ppo" else {}
 
     runs, _ = pipeline_runs
     port = str(29500 + os.getpid() % 1000)
@@ -303,7 +307,7 @@ def test_two_processes_on_cpu_each_roll_out_their_share(pipeline_runs, tmp_path)
         port,
         "-m",
         "r3rag.cli",
-        *_rl_args(runs, name="two", steps=2, rollout_samples=2),
+        *_rl_args(runs, name=f"two-{algorithm}", steps=2, rollout_samples=2, **extra),
     ]
     out = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env={**os.environ, "OMP_NUM_THREADS": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
@@ -314,7 +318,9 @@ def test_two_processes_on_cpu_each_roll_out_their_share(pipeline_runs, tmp_path)
     rollouts = read_jsonl(art / "rollouts.jsonl")
     assert {r["rank"] for r in rollouts} == {0, 1}
     assert {(r["step"], r["rank"]) for r in rollouts} == {(1, 0), (1, 1), (2, 0), (2, 1)}
-    assert [r["step"] for r in read_jsonl(art / "metrics.jsonl")] == [1, 2]
+    rows = read_jsonl(art / "metrics.jsonl")
+    assert [r["step"] for r in rows] == [1, 2]
+    assert ("critic/value_loss" in rows[0]) == (algorithm == "ppo")
 
 
 def test_rl_manifest_seconds_cover_training(pipeline_runs):
