@@ -3,6 +3,8 @@ world seed scored in replicate.yaml, and reader baselines on the cold start's bu
 
 from pathlib import Path
 
+import pytest
+
 from r3rag.experiments.pipeline import _load_pipeline
 from tests.cli_helpers import r3rag_inprocess
 
@@ -62,13 +64,14 @@ def test_readers_train_on_the_cold_starts_questions_and_budget():
     assert depths == {per_search, max_hops * per_search}  # top-3, and every document a 4-hop chain sees
 
 
-def test_replicate_dev_tunes_on_dev_only_and_plans(tmp_path):
-    dev = _load_pipeline(PIPELINES / "replicate-dev.yaml")
+@pytest.mark.parametrize("name", ["replicate-dev.yaml", "replicate-ppo-dev.yaml"])
+def test_replicate_dev_tunes_on_dev_only_and_plans(tmp_path, name):
+    dev = _load_pipeline(PIPELINES / name)
     base = _load_pipeline(PIPELINES / "replicate.yaml")
     assert dev["eval"]["split"] == "dev" and dev["world"] == base["world"]
     for v in dev["variants"].values():
         assert not {"eval.split", "world.seed"} & set(_sets(v))
-    out = r3rag_inprocess("run", PIPELINES / "replicate-dev.yaml", "--dry-run", "--runs-dir", tmp_path / "runs")
+    out = r3rag_inprocess("run", PIPELINES / name, "--dry-run", "--runs-dir", tmp_path / "runs")
     assert out.returncode == 0, out.stderr
     assert "split=dev" in out.stdout and "split=test" not in out.stdout
     assert not (tmp_path / "runs").exists()
