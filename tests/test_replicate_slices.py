@@ -213,8 +213,13 @@ def test_the_cut_arms_run_in_slices_from_the_cold_starts_they_start_from():
 
 
 def test_a_slice_file_holds_every_outcome_and_is_written_atomically(tiny, monkeypatch):
+    rl_dir = tiny.built["main#s0"]["rl"].path
+    rl_dir.mkdir(parents=True, exist_ok=True)
+    (rl_dir / "metrics.jsonl").write_text('{"step": 1, "reward": 0.25}\n{"step": 2, "reward": 0.5, "dev/em": 0.4}\n')
     file = _write_slice(tiny.path, tiny.built, "grpo-s0")
     record = json.loads(file.read_text())
+    # the training curve of each variant that ran RL: reward per step, dev EM where evaluated
+    assert record["curves"] == {"main#s0": [{"step": 1, "reward": 0.25}, {"step": 2, "reward": 0.5, "dev_em": 0.4}]}
     assert file == Path("results/tiny/grpo-s0.json") and not list(file.parent.glob(".*part"))
     assert (record["slice"], record["slice_kind"], record["seed"], record["variants"]) == (
         "grpo-s0",

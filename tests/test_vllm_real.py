@@ -161,3 +161,41 @@ def test_env_mask_is_the_same_from_vllm_and_transformers_rollouts(searching_poli
     assert any(0 in hf["env_mask"][i] for i in same)  # ...and some of them hold retrieved documents
     for i in same:
         assert hf["env_mask"][i] == vl["env_mask"][i]
+
+
+def test_ppo_colocate_trains_policy_and_critic_and_only_the_policy_reaches_vllm(searching_policy, monkeypatch):
+    """rl.algorithm=ppo with rl.vllm=colocate: 2 steps on SmolLM2; the critic (a second SmolLM2
+    backbone with a value head) trains beside the policy, vLLM's logprobs stay the trainer's, and the
+    engine holds the policy's weights, never the critic's."""
+    from r3rag.experiments.pipeline import run_stage
+    from r3rag.stages import rl as rl_stage
+
+    runs, refs = searching_policy
+    seen: dict = {}
+    build = rl_stage._trainer
+
+    def probed(cfg, model, tokenizer, *rest):
+        from transformers import TrainerCallback
+
+        trainer = build(cfg, model, tokenizer, *rest)
+
+        class Probe(TrainerCallback):
+            def on_train_end(self, args, state, control, **kw):
+                trainer.vllm_generation.sync_weights()
+                seen["weights"] = _engine_weight_gap(trainer.vllm_generation.llm, trainer.model)
+                seen["critic_moved"] = trainer.critic_optimizer.state_dict()["state"] != {}
+
+        trainer.add_callback(Probe())
+        return trainer
+
+    monkeypatch.setattr(rl_stage, "_trainer", probed)
+    settings = ["steps=2", "prompts_per_step=2", "num_generations=2", "max_new_tokens=32", "max_turns=2"]
+    settings += ["max_completion_tokens=512", "save_steps=0", "lr=2e-4", "critic_lr=1e-4", "algorithm=ppo"]
+    ref = run_stage("rl", PIPELINE, [*settings, "vllm=colocate", f"policy={refs['sft'].path}", "name=ppo"], runs)
+    steps = [json.loads(line) for line in (ref.path / "metrics.jsonl").open()]
+    assert [s["step"] for s in steps] == [1, 2]
+    assert all("critic/value_loss" in s and "critic/explained_variance" in s for s in steps)
+    assert seen["critic_moved"]
+    compared, gap = seen["weights"]
+    assert compared > 100 and gap == 0.0  # every engine weight is the policy's (the critic has no lm_head)
+    assert all(s["sampling/sampling_logp_difference/mean"] < 0.1 for s in steps)

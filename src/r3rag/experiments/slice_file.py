@@ -12,6 +12,8 @@ atomically, `<results folder>/<NAME>.json` (results/replicate.json's slices: res
   over samples): what the merge's rows and paired comparisons are computed from;
 - `runs`: per table source (`<variant>/<system>`) the entry results/replicate.json holds for it
   (r3rag.experiments.results_file: test and dev EM, steps, seconds, settings, artifact ids);
+- `curves`: per variant that trained with RL, its training reward per step and dev EM where it
+  was evaluated (the artifact's metrics.jsonl), for charts and stability measures;
 - `artifacts` ({variant: {stage: id}}, the ones it started from included), `artifact_seconds`
   (each one's build time, as first built), `build_seconds` (their sum: the slice from nothing),
   `built_here_seconds`, `wall_seconds`, `started`, `finished` (UTC), `machine` (CPU model, cores,
@@ -117,7 +119,20 @@ def slice_record(
         "artifact_seconds": seconds,
         "evals": {v: _eval(refs["eval"]) for v, refs in built.items() if "eval" in refs and v in sl["variants"]},
         "runs": {s: _run(*s.split("/", 1), built, sets) for s in sources},
+        "curves": {v: _curve(refs["rl"]) for v, refs in built.items() if "rl" in refs and v in sl["variants"]},
     }
+
+
+def _curve(rl) -> list[dict]:
+    """An RL artifact's training reward per step and dev EM where it was evaluated (its
+    metrics.jsonl): what a chart of every run's curve and a stability measure are drawn from."""
+    from r3rag.util.jsonl import read_jsonl
+
+    rows = read_jsonl(rl.path / "metrics.jsonl", allow_empty=True) if (rl.path / "metrics.jsonl").is_file() else []
+    return [
+        {"step": r["step"], "reward": r.get("reward"), **({"dev_em": r["dev/em"]} if "dev/em" in r else {})}
+        for r in rows
+    ]
 
 
 def _eval(ev) -> dict:
