@@ -13,12 +13,17 @@ PPO against GRPO, in the same run on the same cold start (`--algorithms`): each 
 `r3rag rl` in a process of its own, so each peak RSS is its own; PPO's critic is one more model's
 forward and backward per step (and its AdamW state).
 
-    python benchmarks/rl_step.py [--steps 6] [--threads 2] [--algorithms]
+LoRA against full fine-tuning (`--lora`): rollout tokens/s with the adapters merged while the
+policy generates (r3rag.rl.grpo.generator), and unmerged as before, against full fine-tuning's.
+
+    python benchmarks/rl_step.py [--steps 6] [--threads 2] [--algorithms | --lora]
 
 The last line is JSON: seconds_per_step, share_generation, share_retrieval, share_optimizer
 (+ share_reward, share_update = the rest: loss forward/backward and TRL's bookkeeping,
 baseline_seconds_per_step, ratio_vs_single_turn); with --algorithms instead: grpo_step_s,
-ppo_step_s, ppo_over_grpo, grpo_peak_rss_mb, ppo_peak_rss_mb.
+ppo_step_s, ppo_over_grpo, grpo_peak_rss_mb, ppo_peak_rss_mb; with --lora: full_gen_tokens_s,
+lora_gen_tokens_s, lora_unmerged_gen_tokens_s, lora_over_full_generation,
+lora_unmerged_over_full_generation.
 """
 
 from __future__ import annotations
@@ -136,28 +141,69 @@ def single_turn(sft_path: Path, runs: Path, steps: int) -> float:
     return statistics.mean(times[1:])
 
 
-def one_algorithm(runs: Path, algorithm: str, steps: int, threads: int) -> None:
-    """Child process: one algorithm's `r3rag rl` on the prepared runs dir; prints its JSON line."""
+ARMS = {  # name: the `r3rag rl` settings of that arm
+    "grpo": ["algorithm=grpo"],
+    "ppo": ["algorithm=ppo"],
+    "full": [],
+    "lora": ["lora=true"],
+    "lora_unmerged": ["lora=true"],  # the same run with the adapters left unmerged while generating
+}
+
+
+def one_arm(runs: Path, arm: str, steps: int, threads: int) -> None:
+    """Child process: one arm's `r3rag rl` on the prepared runs dir; prints its JSON line."""
     import resource
 
-    m = multi_turn(runs, steps, threads, f"name=bench-{algorithm}", f"algorithm={algorithm}")
+    if arm == "lora_unmerged":  # how LoRA rollouts ran before they merged the adapters (issue 49)
+        from r3rag.rl import grpo
+
+        grpo.merge_lora = lambda model: False
+    m = multi_turn(runs, steps, threads, f"name=bench-{arm}", *ARMS[arm])
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    print(json.dumps({"step_s": m["seconds_per_step"], "peak_rss_mb": round(peak_mb, 1)}))
+    gen_tokens_s = m["model_tokens"] * PROMPTS * GROUP / m["generation"]  # model tokens generated per second
+    row = {"step_s": m["seconds_per_step"], "peak_rss_mb": round(peak_mb, 1), "gen_tokens_s": gen_tokens_s}
+    print(json.dumps(row))
+
+
+def run_arms(runs: Path, arms: list[str], steps: int, threads: int) -> dict[str, dict]:
+    """Each arm in a process of its own (its own peak RSS), one after the other, on the same cold start."""
+    import subprocess
+
+    rows = {}
+    for arm in arms:
+        cmd = [sys.executable, __file__, "--one", arm, str(runs), "--steps", str(steps), "--threads", str(threads)]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True)
+        rows[arm] = json.loads(done.stdout.strip().splitlines()[-1])
+    return rows
 
 
 def compare_algorithms(runs: Path, steps: int, threads: int) -> dict:
-    import subprocess
-
+    rows = run_arms(runs, ["grpo", "ppo"], steps, threads)
     out = {}
-    for algorithm in ("grpo", "ppo"):
-        cmd = [sys.executable, __file__, "--one", algorithm, str(runs), "--steps", str(steps)]
-        done = subprocess.run([*cmd, "--threads", str(threads)], capture_output=True, text=True, check=True)
-        row = json.loads(done.stdout.strip().splitlines()[-1])
-        out[f"{algorithm}_step_s"], out[f"{algorithm}_peak_rss_mb"] = round(row["step_s"], 3), row["peak_rss_mb"]
+    for arm, row in rows.items():
+        out[f"{arm}_step_s"], out[f"{arm}_peak_rss_mb"] = round(row["step_s"], 3), row["peak_rss_mb"]
     out["ppo_over_grpo"] = round(out["ppo_step_s"] / out["grpo_step_s"], 3)
     print(
         f"PPO step {out['ppo_step_s']:.2f} s (peak {out['ppo_peak_rss_mb']:.0f} MB) vs GRPO "
         f"{out['grpo_step_s']:.2f} s ({out['grpo_peak_rss_mb']:.0f} MB): {out['ppo_over_grpo']:.2f}x",
+        file=sys.stderr,
+    )
+    return out
+
+
+def compare_lora(runs: Path, steps: int, threads: int) -> dict:
+    """Rollout tokens/s of a LoRA policy (adapters merged while generating, and unmerged as before)
+    against full fine-tuning's, the same cold start: `lora_over_full_generation` is LoRA's seconds
+    per generated token over full fine-tuning's (goal <= 1.1)."""
+    rows = run_arms(runs, ["full", "lora", "lora_unmerged"], steps, threads)
+    tps = {arm: row["gen_tokens_s"] for arm, row in rows.items()}
+    out = {f"{arm}_gen_tokens_s": round(v, 1) for arm, v in tps.items()}
+    out["lora_over_full_generation"] = round(tps["full"] / tps["lora"], 3)
+    out["lora_unmerged_over_full_generation"] = round(tps["full"] / tps["lora_unmerged"], 3)
+    print(
+        f"rollout tokens/s: full {tps['full']:.0f}, LoRA merged {tps['lora']:.0f}, unmerged "
+        f"{tps['lora_unmerged']:.0f}: LoRA / full time per token {out['lora_over_full_generation']:.2f} "
+        f"(unmerged {out['lora_unmerged_over_full_generation']:.2f})",
         file=sys.stderr,
     )
     return out
@@ -168,17 +214,19 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=6)
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--algorithms", action="store_true", help="PPO against GRPO instead of the step's shares")
-    ap.add_argument("--one", nargs=2, metavar=("ALGORITHM", "RUNS"), help=argparse.SUPPRESS)
+    ap.add_argument("--lora", action="store_true", help="LoRA against full fine-tuning rollout tokens/s instead")
+    ap.add_argument("--one", nargs=2, metavar=("ARM", "RUNS"), help=argparse.SUPPRESS)
     a = ap.parse_args()
     import torch
 
     torch.set_num_threads(a.threads)
     if a.one:
-        return one_algorithm(Path(a.one[1]), a.one[0], a.steps, a.threads)
-    if a.algorithms:
+        return one_arm(Path(a.one[1]), a.one[0], a.steps, a.threads)
+    if a.algorithms or a.lora:
         with tempfile.TemporaryDirectory() as tmp:
             prepare(Path(tmp), a.threads)
-            print(json.dumps(compare_algorithms(Path(tmp), a.steps, a.threads)))
+            compare = compare_algorithms if a.algorithms else compare_lora
+            print(json.dumps(compare(Path(tmp), a.steps, a.threads)))
         return
     with tempfile.TemporaryDirectory() as tmp:
         runs = Path(tmp)
