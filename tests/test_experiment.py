@@ -151,7 +151,7 @@ def test_train_minutes_follow_a_model_another_variant_trained(tmp_path):
     """`rl.model=${lora.base}/model`: the RL row's training time includes the base LM it started from."""
     from types import SimpleNamespace
 
-    from r3rag.experiments.results_table import train_seconds
+    from r3rag.experiments.results.table import train_seconds
 
     base = tmp_path / "runs" / "base" / "b-1"
     (base / "model").mkdir(parents=True)
@@ -174,7 +174,7 @@ def test_train_minutes_count_samples_drawn_from_a_policy_not_a_teachers():
     """Rejection sampling's samples (synthesize.teacher=hf) are part of that control's training."""
     from types import SimpleNamespace
 
-    from r3rag.experiments.results_table import train_seconds
+    from r3rag.experiments.results.table import train_seconds
 
     sft = SimpleNamespace(manifest={"id": "s-1", "seconds": 800.0, "config": {"model": "tiny"}})
 
@@ -228,7 +228,7 @@ def test_an_rl_run_resumed_before_its_legs_were_timed_adds_an_estimate_of_them(t
     leg only: its row adds the median logged step time x the steps before the resume."""
     from types import SimpleNamespace
 
-    from r3rag.experiments.results_table import train_seconds
+    from r3rag.experiments.results.table import train_seconds
 
     (tmp_path / "metrics.jsonl").write_text(
         "".join(json.dumps({"step": s, "time/step": t}) + "\n" for s, t in [(2, 3.0), (4, 900.0), (6, 5.0), (8, 4.0)])

@@ -106,7 +106,7 @@ def test_help_works_without_any_extra(tmp_path):
         "r3rag.retrieval.hybrid",
         "r3rag.retrieval.rank_bm25_backend",
         "r3rag.evaluation.report",
-        "r3rag.experiments.results_table",
+        "r3rag.experiments.results.table",
         "r3rag.training.observe",
         "r3rag.training.model_import",
         "r3rag.generation.vllm",
@@ -177,7 +177,7 @@ def test_by_product_plots_are_skipped_with_a_note_and_vllm_names_its_extra(tmp_p
         "from pathlib import Path\n"
         "from r3rag.util.errors import UserError\n"
         "from r3rag.training.observe import plot_rewards\n"
-        "from r3rag.experiments.results_table import plot\n"
+        "from r3rag.experiments.results.table import plot\n"
         "from r3rag.generation.vllm import require_vllm\n"
         f"plot_rewards(Path({str(metrics)!r}), Path({str(tmp_path / 'curves.png')!r}))\n"
         f"plot([{{'em': 0.5, 'em_ci': None, 'label': 'x'}}], Path({str(tmp_path / 'table.png')!r}))\n"

@@ -126,9 +126,9 @@ def _whole_run(path: Path, built: dict, tmp_path: Path) -> dict:
     """The results file one run of the whole experiment writes from these artifacts (as
     r3rag.experiments.experiment.run_experiment: its table's rows and comparisons, then write_results)."""
     from r3rag.experiments.pipeline import load_pipeline
-    from r3rag.experiments.results_compare import build_comparisons, compare_spec
-    from r3rag.experiments.results_file import results_spec, write_results
-    from r3rag.experiments.results_table import build_rows
+    from r3rag.experiments.results.compare import build_comparisons, compare_spec
+    from r3rag.experiments.results.file import results_spec, write_results
+    from r3rag.experiments.results.table import build_rows
     from r3rag.experiments.slices import load_slices
 
     experiment, _ = load_slices(path, load_pipeline(path))
@@ -241,7 +241,7 @@ def test_a_slice_file_holds_every_outcome_and_is_written_atomically(tiny, monkey
         raise KeyboardInterrupt
 
     before = file.read_text()
-    monkeypatch.setattr("r3rag.experiments.results_file.os.fsync", killed)
+    monkeypatch.setattr("r3rag.experiments.results.file.os.fsync", killed)
     with pytest.raises(KeyboardInterrupt):
         write_slice(file, {**record, "slice": "changed"})
     assert file.read_text() == before and not list(file.parent.glob(".*part"))  # the old file, whole

@@ -1,4 +1,4 @@
-"""Paired comparisons between an experiment's rows (r3rag.experiments.results_compare): per-question EM
+"""Paired comparisons between an experiment's rows (r3rag.experiments.results.compare): per-question EM
 averaged over seeds, the difference bootstrapped over the same questions, bad pairs one error."""
 
 import json
@@ -7,7 +7,7 @@ from types import SimpleNamespace
 
 import pytest
 
-from r3rag.experiments.results_compare import (
+from r3rag.experiments.results.compare import (
     build_comparisons,
     claims_markdown,
     compare_claims,

@@ -1,6 +1,6 @@
 """Every figure in the docs comes from a results file: the committed docs' generated blocks equal
-what their committed results files give (r3rag.experiments.results_docs), and the results file an experiment
-writes (r3rag.experiments.results_file) holds every run behind each row."""
+what their committed results files give (r3rag.experiments.results.docs), and the results file an experiment
+writes (r3rag.experiments.results.file) holds every run behind each row."""
 
 import json
 from pathlib import Path
@@ -8,7 +8,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from r3rag.experiments.results_docs import CLOSE, doc_files, regenerate, stale, update_docs
+from r3rag.experiments.results.docs import CLOSE, doc_files, regenerate, stale, update_docs
 from r3rag.util.errors import UserError
 from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
 from tests.conftest import TINY_WORLD
@@ -257,7 +257,7 @@ def test_a_plain_pipeline_with_results_fails(tmp_path):
 
 def test_replicate_pipelines_name_their_own_results_files():
     from r3rag.experiments.pipeline import load_pipeline
-    from r3rag.experiments.results_file import results_spec
+    from r3rag.experiments.results.file import results_spec
 
     paths = {
         name: results_spec(ROOT / "pipelines" / f"{name}.yaml", load_pipeline(ROOT / "pipelines" / f"{name}.yaml"))[

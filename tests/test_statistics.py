@@ -120,7 +120,7 @@ def _eval_dir(tmp_path, name: str, em: dict[str, float]):
 
 
 def test_results_table_rows_over_seeds(tmp_path):
-    from r3rag.experiments.results_table import build_rows, markdown
+    from r3rag.experiments.results.table import build_rows, markdown
 
     built = {
         "s1": _eval_dir(tmp_path, "s1", {"a": 1.0, "b": 0.0, "c": 1.0, "d": 0.0}),
@@ -151,7 +151,7 @@ def test_results_table_rows_over_seeds(tmp_path):
 
 def test_the_chart_draws_each_seeds_em_as_a_dot_on_its_row():
     plt = pytest.importorskip("matplotlib.pyplot", reason="the chart needs the [plots] extra")
-    from r3rag.experiments.results_table import chart
+    from r3rag.experiments.results.table import chart
 
     rows = [
         {"label": "GRPO", "em": 0.75, "em_ci": [0.71, 0.79], "em_per_seed": [0.754, 0.72, 0.776]},

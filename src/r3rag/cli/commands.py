@@ -54,7 +54,7 @@ def report_cmd(
         from r3rag.experiments.pipeline import run_stage
 
         if results or docs:
-            from r3rag.experiments.results_docs import doc_files, update_docs
+            from r3rag.experiments.results.docs import doc_files, update_docs
 
             if evals or not results:
                 raise UserError("report: --results regenerates the docs and takes no eval artifacts; --docs needs it")

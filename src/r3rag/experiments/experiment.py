@@ -19,8 +19,8 @@ Writes runs/table/<name>-<hash>/ with table.md (printed too) and table.json: per
 its 95% bootstrap interval, F1, EM by hops, searches, and the training time of the row's
 policy (its base, sft and rl artifacts' wall seconds, as recorded when they were built).
 `--set` overrides on the command line apply to every variant that runs that stage. With a top-level
-`results: results/<name>.json`, the run also writes that results file, last (r3rag.experiments.results_file),
-from which `r3rag report --results` regenerates the docs' tables (r3rag.experiments.results_docs). A `slices`
+`results: results/<name>.json`, the run also writes that results file, last (r3rag.experiments.results.file),
+from which `r3rag report --results` regenerates the docs' tables (r3rag.experiments.results.docs). A `slices`
 section divides the variants into units of work run one at a time with `--slice NAME` (r3rag.experiments.slices).
 `r3rag run FILE` reaches this module through r3rag.experiments.run, which also takes plain pipelines and slices.
 
@@ -46,7 +46,7 @@ from r3rag.experiments.pipeline import (
     run_stages,
     split_overrides,
 )
-from r3rag.experiments.results_compare import build_comparisons, compare_claims, compare_spec, comparison_markdown
+from r3rag.experiments.results.compare import build_comparisons, compare_claims, compare_spec, comparison_markdown
 from r3rag.util.errors import UserError
 
 PLACEHOLDER = re.compile(r"\$\{([^}]*)\}")
@@ -147,7 +147,7 @@ def check_overrides(overrides: list[str], variants: dict[str, dict]) -> None:
 def run_experiment(path: Path, data: dict, overrides: list[str], runs_dir: Path | None) -> ArtifactRef:
     from rich.console import Console
 
-    from r3rag.experiments.results_file import results_spec, write_results
+    from r3rag.experiments.results.file import results_spec, write_results
 
     results = results_spec(path, data)  # before hours of training, not after
     built, table = build_experiment(path, data, overrides, runs_dir)
@@ -202,7 +202,7 @@ def build_variants(
 
 
 def plan_experiment(path: Path, data: dict, overrides: list[str], runs_dir: Path | None) -> list[dict]:
-    from r3rag.experiments.results_file import results_spec
+    from r3rag.experiments.results.file import results_spec
 
     variants = parse_variants(path, data)
     results_spec(path, data)  # checked in a dry run too
@@ -219,7 +219,7 @@ def plan_experiment(path: Path, data: dict, overrides: list[str], runs_dir: Path
 def write_table(path: Path, data: dict, built: dict, wall: float, runs_dir, console) -> ArtifactRef:
     import json
 
-    from r3rag.experiments.results_table import build_rows, markdown, plot
+    from r3rag.experiments.results.table import build_rows, markdown, plot
 
     evals = {name: refs["eval"] for name, refs in built.items() if "eval" in refs}
     rows = build_rows(data["table"], built, path)

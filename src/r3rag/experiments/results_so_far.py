@@ -15,8 +15,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from r3rag.experiments.results_compare import build_comparisons, comparison_markdown, entry_rows
-from r3rag.experiments.results_table import build_rows, markdown, row_sources
+from r3rag.experiments.results.compare import build_comparisons, comparison_markdown, entry_rows
+from r3rag.experiments.results.table import build_rows, markdown, row_sources
 
 
 def finished_sources(table: dict, built: dict[str, dict]) -> dict[str, list[str]]:

@@ -11,7 +11,7 @@ atomically, `<results folder>/<NAME>.json` (results/replicate.json's slices: res
   matched by) and the per-question `ids`, `em` and `f1` (in predictions.jsonl's order, averaged
   over samples): what the merge's rows and paired comparisons are computed from;
 - `runs`: per table source (`<variant>/<system>`) the entry results/replicate.json holds for it
-  (r3rag.experiments.results_file: test and dev EM, steps, seconds, settings, artifact ids);
+  (r3rag.experiments.results.file: test and dev EM, steps, seconds, settings, artifact ids);
 - `curves`: per variant that trained with RL, its training reward per step and dev EM where it
   was evaluated (the artifact's metrics.jsonl), for charts and stability measures;
 - `artifacts` ({variant: {stage: id}}, the ones it started from included), `artifact_seconds`
@@ -87,8 +87,8 @@ def slice_record(
     path: Path, experiment: dict, sl: dict, sub: dict, settings: dict, built: dict, started: float
 ) -> dict:
     from r3rag.core.artifacts import built_seconds, code_version
-    from r3rag.experiments.results_file import _relative, _run
-    from r3rag.experiments.results_table import row_sources
+    from r3rag.experiments.results.file import relative_paths, run_entry
+    from r3rag.experiments.results.table import row_sources
 
     sets = {name: list(spec.get("set") or []) for name, spec in sub["variants"].items()}
     sources = [s for src in sub["table"].values() for s in row_sources(src)]
@@ -100,7 +100,7 @@ def slice_record(
         "kind": KIND,
         "schema": SCHEMA,
         "experiment": str(experiment.get("name", "experiment")),
-        "pipeline": _relative(str(path)),
+        "pipeline": relative_paths(str(path)),
         "slice": sl["name"],
         "slice_kind": sl["kind"],
         "seed": sl["seed"],
@@ -118,7 +118,7 @@ def slice_record(
         "artifacts": {v: {stage: ref.id for stage, ref in stages.items()} for v, stages in built.items()},
         "artifact_seconds": seconds,
         "evals": {v: _eval(refs["eval"]) for v, refs in built.items() if "eval" in refs and v in sl["variants"]},
-        "runs": {s: _run(*s.split("/", 1), built, sets) for s in sources},
+        "runs": {s: run_entry(*s.split("/", 1), built, sets) for s in sources},
         "curves": {v: _curve(refs["rl"]) for v, refs in built.items() if "rl" in refs and v in sl["variants"]},
     }
 
@@ -138,7 +138,7 @@ def _curve(rl) -> list[dict]:
 def _eval(ev) -> dict:
     """One eval artifact: per system its metrics, policy key and per-question EM and F1."""
     from r3rag.evaluation.tables import em_by_question
-    from r3rag.experiments.results_file import _policy_key
+    from r3rag.experiments.results.file import policy_key
     from r3rag.util.jsonl import read_jsonl
 
     rows = read_jsonl(ev.path / "predictions.jsonl")
@@ -149,7 +149,7 @@ def _eval(ev) -> dict:
         ids = list(em.get(system, {}))
         out[system] = {
             "metrics": metrics,
-            "key": list(_policy_key(ev, system)),
+            "key": list(policy_key(ev, system)),
             "ids": ids,
             "em": [em[system][q] for q in ids],
             "f1": [f1[system][q] for q in ids],
@@ -216,7 +216,7 @@ def _lenient(file: Path) -> dict:
 
 
 def write_slice(target: Path, record: dict) -> Path:
-    from r3rag.experiments.results_file import write_text_atomic
+    from r3rag.experiments.results.file import write_text_atomic
 
     return write_text_atomic(target, compact_json(record))
 

@@ -2,13 +2,13 @@
 
 `r3rag report --results results/replicate.json` first merges results/replicate/*.json, when that
 folder holds slice files, into results/replicate.json, then regenerates the docs' blocks from it
-(r3rag.experiments.results_docs). The merge needs every slice of the pipeline the files name, each with a
+(r3rag.experiments.results.docs). The merge needs every slice of the pipeline the files name, each with a
 current file (its settings fingerprint the pipeline's, r3rag.experiments.slices); `r3rag run FILE --status`
 says which are missing or stale. Rows and paired comparisons are computed by the experiment's own
-code (r3rag.experiments.results_table.rows_from, r3rag.experiments.results_compare.build_comparisons) from each slice's
+code (r3rag.experiments.results.table.rows_from, r3rag.experiments.results.compare.build_comparisons) from each slice's
 per-question EM, so the merged file equals what one run of every slice on one machine would write,
 for the same per-question outcomes; a run's dev EM may come from another slice's dev eval of the
-same policy (matched by its policy key, as r3rag.experiments.results_file does within one run).
+same policy (matched by its policy key, as r3rag.experiments.results.file does within one run).
 
 Two files of one slice (a rerun, here or on another machine; both current): **the first to finish
 counts** (`finished`, then the file name): a rerun cannot replace a figure already committed, so
@@ -29,7 +29,7 @@ import json
 from collections import defaultdict
 from pathlib import Path
 
-from r3rag.experiments.results_table import Outcome, row_sources
+from r3rag.experiments.results.table import Outcome, row_sources
 from r3rag.experiments.slice_file import load_slice, machine_line
 from r3rag.util.errors import UserError
 
@@ -130,9 +130,9 @@ def _rerun(name: str, kept: tuple, other: tuple) -> dict:
 def merge(path: Path, data: dict, partial: bool = False) -> dict:
     """The results file's content from the current slice files (every slice needed, unless
     `partial`: then the rows and comparisons over the slices there are, for `--status`)."""
-    from r3rag.experiments.results_compare import build_comparisons, compare_claims, compare_spec
-    from r3rag.experiments.results_file import SCHEMA, _relative, results_spec
-    from r3rag.experiments.results_table import rows_from
+    from r3rag.experiments.results.compare import build_comparisons, compare_claims, compare_spec
+    from r3rag.experiments.results.file import SCHEMA, relative_paths, results_spec
+    from r3rag.experiments.results.table import rows_from
 
     found = collect(path, data)
     experiment, current = found["experiment"], found["current"]
@@ -164,7 +164,7 @@ def merge(path: Path, data: dict, partial: bool = False) -> dict:
     return {
         "schema": SCHEMA,
         "experiment": str(experiment.get("name", "experiment")),
-        "pipeline": _relative(str(path)),
+        "pipeline": relative_paths(str(path)),
         "date": max((r["finished"] for r in records), default="")[:10],
         "machine": "; ".join(dict.fromkeys(machine_line(r["machine"]) for r in records)),
         "wall_seconds": round(sum(r["wall_seconds"] for r in records), 1),
@@ -192,7 +192,7 @@ def _available(table: dict, owner: dict) -> dict:
 
 def _with_dev(record: dict, source: str, evals: list[tuple[str, dict]]) -> dict:
     """The run's entry; its dev EM from another slice's dev eval of the same policy where its own
-    slice had none (r3rag.experiments.results_file._dev_em's match, over every slice)."""
+    slice had none (r3rag.experiments.results.file._dev_em's match, over every slice)."""
     run = dict(record["runs"][source])
     if run.get("dev_from") not in (None, "rl dev evaluation"):
         return run
@@ -243,7 +243,7 @@ def merge_into(results_path: Path) -> tuple[Path, int] | None:
     """Merge the slice files beside `results_path` (its folder of the same name) into it; (the
     pipeline, the number of slices), or None where there is no slice file."""
     from r3rag.experiments.pipeline import load_pipeline
-    from r3rag.experiments.results_file import results_spec, write_text_atomic
+    from r3rag.experiments.results.file import results_spec, write_text_atomic
 
     folder = Path(results_path).with_suffix("")
     files = sorted(folder.glob("*.json")) if folder.is_dir() else []

@@ -106,8 +106,8 @@ def print_slice_status(path: Path, data: dict) -> None:
 
 def so_far(path: Path, data: dict) -> str:
     """The table, its comparisons and its claims over the slices with a current file ("" while none has one)."""
-    from r3rag.experiments.results_compare import claims_markdown, comparison_markdown
-    from r3rag.experiments.results_table import markdown, row_sources
+    from r3rag.experiments.results.compare import claims_markdown, comparison_markdown
+    from r3rag.experiments.results.table import markdown, row_sources
     from r3rag.experiments.slice_merge import merge
 
     merged = merge(path, data, partial=True)

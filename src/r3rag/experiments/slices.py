@@ -36,8 +36,8 @@ import re
 from pathlib import Path
 
 from r3rag.experiments.experiment import parse_variants, placeholders, variant_overrides
-from r3rag.experiments.results_compare import entry_rows
-from r3rag.experiments.results_table import row_sources
+from r3rag.experiments.results.compare import entry_rows
+from r3rag.experiments.results.table import row_sources
 from r3rag.experiments.seeds import expand_seeds, seeded_name
 from r3rag.util.errors import UserError
 
@@ -200,7 +200,7 @@ def _plain(value):
 def slice_folder(path: Path, data: dict) -> Path:
     """Where the slices' files go: beside the experiment's results file, in a folder of its name
     (results/replicate.json: results/replicate/)."""
-    from r3rag.experiments.results_file import results_spec
+    from r3rag.experiments.results.file import results_spec
 
     spec = results_spec(path, data)
     if spec is None:

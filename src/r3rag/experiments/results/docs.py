@@ -4,14 +4,14 @@ A generated block in a Markdown file (README.md, docs/*.md, benchmarks/RESULTS.m
 two marker lines; only the text between them is rewritten:
 
     <!-- r3rag:results results/replicate.json headline chart=docs/replicate.png -->
-    | ... the table, as r3rag.experiments.results_table.markdown writes it ... |
+    | ... the table, as r3rag.experiments.results.table.markdown writes it ... |
     <!-- /r3rag:results -->
 
-The opening marker names a results file (r3rag.experiments.results_file; relative to the repository root,
+The opening marker names a results file (r3rag.experiments.results.file; relative to the repository root,
 where `r3rag report` runs) and one of its tables (`all`: every row; other names come from the
 pipeline's `results.tables`; `comparisons`: the experiment's paired comparisons,
-r3rag.experiments.results_compare; `claims`: the same, each claim a sentence saying whether it stands), then options: `chart=PATH` also writes that PNG (EM per row with its
-95% interval, r3rag.experiments.results_table.plot) from the same rows. Markers are HTML comments, so neither
+r3rag.experiments.results.compare; `claims`: the same, each claim a sentence saying whether it stands), then options: `chart=PATH` also writes that PNG (EM per row with its
+95% interval, r3rag.experiments.results.table.plot) from the same rows. Markers are HTML comments, so neither
 GitHub nor MkDocs shows them. Text written by hand between the markers is lost at the next
 regeneration; tests/test_results_docs.py fails when the committed text differs from what the
 committed results file gives.
@@ -29,7 +29,7 @@ import difflib
 import re
 from pathlib import Path
 
-from r3rag.experiments.results_file import load_results
+from r3rag.experiments.results.file import load_results
 from r3rag.util.errors import UserError
 
 OPEN = "<!-- r3rag:results "
@@ -38,7 +38,7 @@ BLOCK = re.compile(
     r"^<!-- r3rag:results (?P<args>[^\n]*?) -->\n(?P<body>.*?)^<!-- /r3rag:results -->$", re.MULTILINE | re.DOTALL
 )
 OPTIONS = {"chart"}
-COMPARISONS = "comparisons"  # the table name of the paired comparisons (r3rag.experiments.results_compare)
+COMPARISONS = "comparisons"  # the table name of the paired comparisons (r3rag.experiments.results.compare)
 CLAIMS = "claims"  # the same comparisons as sentences: each claim, stands or not
 
 
@@ -74,8 +74,8 @@ def block_rows(results: dict, table: str, where: str) -> list[dict]:
 
 def render(results: dict, table: str, where: str) -> str:
     """A block's text: the selected rows as the experiment's table.md shows them, with its note."""
-    from r3rag.experiments.results_compare import claims_markdown, comparison_markdown
-    from r3rag.experiments.results_table import markdown
+    from r3rag.experiments.results.compare import claims_markdown, comparison_markdown
+    from r3rag.experiments.results.table import markdown
 
     if table == COMPARISONS:
         return comparison_markdown(results.get("comparisons") or [])
@@ -144,7 +144,7 @@ def update_docs(paths: list[Path], root: Path, results: list[Path] | None = None
     """Regenerate the blocks (of `results` files, else all) in `paths` and write their charts;
     returns the files written (a Markdown file only when its text changed) and the blocks found.
     Nothing is written when two blocks would draw different charts to the same file."""
-    from r3rag.experiments.results_table import plot
+    from r3rag.experiments.results.table import plot
 
     only = {(root / r).resolve() for r in results} if results else None
     regenerated = [(path, *regenerate(path.read_text(), str(path), root, only)) for path in paths]

@@ -123,7 +123,7 @@ def seed_differences(a, b, built: dict | None, em_of: Callable[[str], dict] | No
 
 def _by_seed(source) -> dict[str, str]:
     """{"s0": "main#s0/rl", ...}; {} when a source is not one of a seeded variant's."""
-    from r3rag.experiments.results_table import row_sources
+    from r3rag.experiments.results.table import row_sources
 
     sources = row_sources(source)
     seeds = {s.partition("/")[0].rpartition("#")[2]: s for s in sources if "#s" in s.partition("/")[0]}
@@ -132,14 +132,14 @@ def _by_seed(source) -> dict[str, str]:
 
 def _per_question(source, em_of: Callable[[str], dict]) -> list[dict[str, float]]:
     """Per seed (source): {question id: EM} of that `<variant>/<system>`."""
-    from r3rag.experiments.results_table import row_sources
+    from r3rag.experiments.results.table import row_sources
 
     return [em_of(one) for one in row_sources(source)]
 
 
 def _artifact_em(source: str, built: dict) -> dict[str, float]:
     """{question id: EM} of one `<variant>/<system>` from its variant's eval artifact."""
-    from r3rag.experiments.results_table import question_em
+    from r3rag.experiments.results.table import question_em
 
     variant, _, system = str(source).partition("/")
     return question_em(built[variant]["eval"].path, system)

@@ -21,7 +21,7 @@ experiment has it (an eval on the dev split of the same policy and retriever, el
 stage's own dev evaluation), the policy's seed, optimizer steps per trained stage, training and
 eval seconds with `compute` (each trained stage's threads and the `run --jobs` workers that shared
 the machine, where its manifest records them), the variant's `set` and every setting of its
-stages that differs from the default, and its artifact ids. r3rag.experiments.results_docs turns the file into the Markdown blocks of the docs.
+stages that differs from the default, and its artifact ids. r3rag.experiments.results.docs turns the file into the Markdown blocks of the docs.
 
 Usage:
     spec = results_spec(Path("pipelines/replicate.yaml"), data)   # None, or {"path", "tables"}, checked
@@ -41,7 +41,7 @@ from r3rag.util.errors import UserError
 
 ALL = "all"  # the table name of every row, in the table's order
 SCHEMA = 1
-TRAINED = ("base", "sft", "rl")  # as r3rag.experiments.results_table: the stages that train a policy
+TRAINED = ("base", "sft", "rl")  # as r3rag.experiments.results.table: the stages that train a policy
 
 
 def results_spec(path: Path, data: dict) -> dict | None:
@@ -79,14 +79,14 @@ def write_results(spec: dict, path: Path, data: dict, built: dict, table_ref) ->
     out = {
         "schema": SCHEMA,
         "experiment": str(data.get("name", "experiment")),
-        "pipeline": _relative(str(path)),
+        "pipeline": relative_paths(str(path)),
         **{k: table[k] for k in ("date", "machine", "wall_seconds", "compute_seconds")},
         "table_artifact": table_ref.id,
         "tables": spec["tables"],
         "rows": rows,
         "comparisons": table.get(
             "comparisons", []
-        ),  # r3rag.experiments.results_compare: paired, over the same questions
+        ),  # r3rag.experiments.results.compare: paired, over the same questions
     }
     return write_text_atomic(spec["path"], json.dumps(out, indent=2, default=str) + "\n")
 
@@ -124,12 +124,12 @@ def write_text_atomic(target: Path, text: str) -> Path:
 
 def _runs(row: dict, built: dict, sets: dict[str, list[str]]) -> list[dict]:
     sources = row["source"] if isinstance(row["source"], list) else [row["source"]]
-    return [_run(*str(s).split("/", 1), built, sets) for s in sources]
+    return [run_entry(*str(s).split("/", 1), built, sets) for s in sources]
 
 
-def _run(variant: str, system: str, built: dict, sets: dict[str, list[str]]) -> dict:
+def run_entry(variant: str, system: str, built: dict, sets: dict[str, list[str]]) -> dict:
     """One `<variant>/<system>`: its eval's figures for the system and how its policy was made."""
-    from r3rag.experiments.results_table import train_seconds
+    from r3rag.experiments.results.table import train_seconds
 
     refs = built[variant]
     ev = refs["eval"]
@@ -166,14 +166,14 @@ def _dev_em(variant: str, system: str, built: dict) -> dict:
     """EM on the dev split of the same policy with the same retriever: from another variant's dev
     eval (same sft/rl inputs, same retriever, the same system), else from the rl stage's own dev
     evaluation (`eval_every`, on `eval_limit` dev questions) of an RL system's policy."""
-    key = _policy_key(built[variant]["eval"], system)
+    key = policy_key(built[variant]["eval"], system)
     for name, refs in built.items():
         ev = refs.get("eval")
         if ev is None or ev.manifest["config"].get("split") != "dev":
             continue
         systems = json.loads((ev.path / "metrics.json").read_text())["systems"]
         for label, m in systems.items():
-            if _policy_key(ev, label) == key:
+            if policy_key(ev, label) == key:
                 return {"dev_em": m["em"], "dev_n": m["n"], "dev_from": f"{name}/{label}"}
     rl = built[variant].get("rl")
     if system.split("@")[0] == "rl" and rl is not None and rl.manifest["metrics"].get("kept_dev_em") is not None:
@@ -181,7 +181,7 @@ def _dev_em(variant: str, system: str, built: dict) -> dict:
     return {"dev_em": None, "dev_n": None, "dev_from": None}
 
 
-def _policy_key(ev, label: str) -> tuple:
+def policy_key(ev, label: str) -> tuple:
     """What makes two evals' systems the same model answering the same way: the system's kind,
     the sft and rl artifacts it reads, and the retriever it searches."""
     inputs = ev.manifest["inputs"]
@@ -200,16 +200,16 @@ def _non_default(ref) -> dict:
     defaults = json.loads(json.dumps(dataclasses.asdict(module.Config()), default=str))
     skip = {"name", *getattr(module, "INPUTS", {})}
     config = ref.manifest["config"]
-    return {k: _relative(v) for k, v in config.items() if k not in skip and defaults.get(k, object()) != v}
+    return {k: relative_paths(v) for k, v in config.items() if k not in skip and defaults.get(k, object()) != v}
 
 
-def _relative(value):
+def relative_paths(value):
     """A path under the working directory as a relative one: a committed file names no machine's home."""
     cwd = str(Path.cwd()) + os.sep
     if isinstance(value, str):
         return value.replace(cwd, "")
     if isinstance(value, list):
-        return [_relative(v) for v in value]
+        return [relative_paths(v) for v in value]
     if isinstance(value, dict):
-        return {k: _relative(v) for k, v in value.items()}
+        return {k: relative_paths(v) for k, v in value.items()}
     return value
