@@ -28,8 +28,11 @@ from typing import Literal
 from typing import Protocol as TypingProtocol
 
 from r3rag.core.protocol import Protocol, Step
+from r3rag.util.config import hashed_when_set
 
-FinishReason = Literal["answer", "max_turns", "length", "invalid", "error"]  # error: the generator failed
+# error: the generator failed; context: the next turn's context would pass env.max_context_tokens
+FinishReason = Literal["answer", "max_turns", "length", "invalid", "error", "context"]
+ContextMode = Literal["keep_all", "fold"]
 
 
 @dataclass
@@ -38,6 +41,8 @@ class Turn:
     text: str
     ids: list[int] | None = None
     logprobs: list[float] | None = None  # per id, its log-probability when sampled (RL rollouts); None otherwise
+    stub_ids: list[int] | None = None  # a documents turn's folded form (env.context: fold), ids
+    stub_text: str | None = None  # ... and text
 
 
 @dataclass
@@ -53,6 +58,7 @@ class Trajectory:
     answer: str | None = None
     finish_reason: FinishReason | None = None
     eos_sampled: bool = False  # its last model turn ended with an EOS the model sampled (Generated.finish == "eos")
+    fold: bool = False  # env.context: fold: the context shows only the last search's documents in full
 
     @property
     def done(self) -> bool:
@@ -70,10 +76,25 @@ class Trajectory:
         return sum(len(t.ids or []) for t in self.turns if t.role == "model")
 
     def context_ids(self) -> list[int]:
+        """The ids the model continues: the prompt and every turn, with `fold` every documents turn
+        but the last one in its stub form (shown in full for the turn right after it only)."""
         ids = list(self.prompt_ids or [])
-        for t in self.turns:
-            ids.extend(t.ids or [])
+        last = self._last_documents_turn() if self.fold else None
+        for i, t in enumerate(self.turns):
+            folded = self.fold and t.stub_ids is not None and i != last
+            ids.extend((t.stub_ids if folded else t.ids) or [])
         return ids
+
+    def context_text(self) -> str:
+        """`context_ids`' text: what the model sees (the prompt, turns, stubs) as one string."""
+        last = self._last_documents_turn() if self.fold else None
+        parts = [self.prompt]
+        for i, t in enumerate(self.turns):
+            parts.append(t.stub_text if self.fold and t.stub_text is not None and i != last else t.text)
+        return "".join(parts)
+
+    def _last_documents_turn(self) -> int | None:
+        return next((i for i in range(len(self.turns) - 1, -1, -1) if self.turns[i].stub_text is not None), None)
 
     def completion(self) -> tuple[list[int], list[int]]:
         """Joined completion ids and the mask: 1 on model tokens, 0 on environment tokens."""
@@ -142,6 +163,8 @@ class EnvConfig:
     top_k: int = 3
     max_new_tokens: int = 64
     max_completion_tokens: int = 1024
+    context: ContextMode = "keep_all"  # fold: each search's documents in full for one turn, then a stub
+    max_context_tokens: int = 0  # the most context a turn may start from (+ max_new_tokens); 0: no such budget
 
 
 @dataclass
@@ -152,6 +175,12 @@ class EnvSettings:
     top_k: int = 3  # documents per search
     max_turns: int = 6  # model turns per trajectory
     max_new_tokens: int = 48  # token budget per model turn
+    # keep_all: every document stays in the context; fold: a search's documents are shown in full
+    # for the next turn only, then as a stub (their titles): the model's notes carry what it read
+    context: ContextMode = hashed_when_set("keep_all")
+    # the most tokens a turn's context may hold, its max_new_tokens included (0: only the model's
+    # own length); a trajectory that would pass it ends with finish reason "context"
+    max_context_tokens: int = hashed_when_set(0)
 
     def env_config(self, mode: str = "iterative", max_completion_tokens: int = 1024, top_k: int = 0) -> EnvConfig:
         """The loop's EnvConfig; `top_k` > 0 replaces the setting (a system's own depth)."""
@@ -161,6 +190,8 @@ class EnvSettings:
             max_turns=self.max_turns,
             max_new_tokens=self.max_new_tokens,
             max_completion_tokens=max_completion_tokens,
+            context=self.context,
+            max_context_tokens=self.max_context_tokens,
         )
 
 
@@ -191,11 +222,16 @@ def add_env_turn(traj: Trajectory, text: str, tokenizer=None) -> None:
 
 
 def add_search_results(trajs: list[Trajectory], hits: list[list], protocol: Protocol, tokenizer=None) -> None:
-    """Each trajectory's search hits, recorded and appended as its documents turn."""
+    """Each trajectory's search hits, recorded and appended as its documents turn (with its
+    folded form where the trajectory folds its context)."""
     texts = [protocol.render_docs(h) for h in hits]
-    for traj, found, text, ids in zip(trajs, hits, texts, _encode_many(tokenizer, texts)):
+    stubs = [protocol.render_stub(h) if t.fold else None for t, h in zip(trajs, hits)]
+    stub_ids = _encode_many(tokenizer, [s for s in stubs if s is not None])
+    stub_ids_by_row = iter(stub_ids)
+    for traj, found, text, ids, stub in zip(trajs, hits, texts, _encode_many(tokenizer, texts), stubs):
         _record_hits(traj, found)
-        traj.turns.append(Turn("env", text, ids))
+        folded = (stub, next(stub_ids_by_row)) if stub is not None else (None, None)
+        traj.turns.append(Turn("env", text, ids, stub_text=folded[0], stub_ids=folded[1]))
 
 
 def _record_hits(traj: Trajectory, found: list) -> None:
@@ -212,6 +248,8 @@ def _start(examples: list[dict], retriever, protocol: Protocol, cfg: EnvConfig, 
         hits = retriever.search([ex["question"] for ex in examples], cfg.top_k)
         return [new_trajectory(ex, protocol, tokenizer, docs=h) for ex, h in zip(examples, hits)]
     trajs = [new_trajectory(ex, protocol, tokenizer) for ex in examples]
+    for t in trajs:
+        t.fold = cfg.context == "fold"
     if cfg.mode == "rag" or (cfg.mode == "iterative" and protocol.ircot):  # IRCoT retrieves with the question first
         add_search_results(trajs, retriever.search([t.question for t in trajs], cfg.top_k), protocol, tokenizer)
     return trajs
@@ -263,6 +301,9 @@ def run_rollouts(
         if prefill:
             for t in active:
                 add_env_turn(t, prefill, tokenizer)
+        active = _within_budget(active, cfg, tokenizer)
+        if not active:
+            continue
         outs = generator.generate(active, protocol.stop_strings(), cfg.max_new_tokens)
         searching = []
         for t, out in zip(active, outs):
@@ -288,6 +329,30 @@ def run_rollouts(
         if not t.done:
             t.finish_reason = "max_turns"
     return trajs
+
+
+def _within_budget(active: list[Trajectory], cfg: EnvConfig, tokenizer) -> list[Trajectory]:
+    """The trajectories whose next turn fits `max_context_tokens` (context + max_new_tokens); the
+    others end here with finish reason "context", never a context cut short."""
+    if not cfg.max_context_tokens or tokenizer is None:
+        return active
+    for t in active:
+        if len(t.context_ids()) + cfg.max_new_tokens > cfg.max_context_tokens:
+            t.finish_reason = "context"
+    return [t for t in active if not t.done]
+
+
+def check_env_settings(cfg: EnvSettings, stage: str) -> None:
+    """The context settings, one clear line each (a stage's validate calls it)."""
+    from r3rag.util.errors import UserError
+
+    if cfg.max_context_tokens < 0:
+        raise UserError(f"{stage}.max_context_tokens: expected 0 (no budget) or more, got {cfg.max_context_tokens}")
+    if cfg.max_context_tokens and cfg.max_context_tokens <= cfg.max_new_tokens:
+        raise UserError(
+            f"{stage}.max_context_tokens: {cfg.max_context_tokens} leaves no room for a prompt beside "
+            f"max_new_tokens ({cfg.max_new_tokens}); set more, or 0 for no budget"
+        )
 
 
 def _step_record(step: Step) -> dict:

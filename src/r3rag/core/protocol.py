@@ -247,6 +247,15 @@ class Protocol:
             return f" {self._doc_text(hits)}\n"
         return f"\n{INFO_OPEN} {self._doc_text(hits)} {INFO_CLOSE}\n"
 
+    def render_stub(self, hits: list[Hit]) -> str:
+        """A search's documents once folded (`env.context: fold`): their titles only, where the
+        documents stood. What the model read from them lives on in its own text: the thought it
+        writes before its next action is its note (`<think> X works for Y . </think>`)."""
+        titles = " , ".join(dict.fromkeys(h.title for h in hits)) or "-"
+        if self.r3:
+            return f" {titles}\n"
+        return f"\n{INFO_OPEN} {titles} {INFO_CLOSE}\n"
+
     def _doc_text(self, hits: list[Hit]) -> str:
         """The documents in `doc_style`, as an env turn or a reader prompt holds them."""
         parts = []

@@ -40,6 +40,7 @@ import random
 from dataclasses import dataclass, field
 
 from r3rag.data.world_config import WorldConfig, fresh_world_config, world_config_from
+from r3rag.data.world_long import assign_mentors, check_long_horizon, long_questions, mentor_docs
 from r3rag.data.world_questions import chain_question, fact_doc_id, with_named_twins
 from r3rag.data.world_text import (  # noqa: F401  (re-exported: the world's text lives in world_text)
     CITY_NAMES,
@@ -119,6 +120,7 @@ def _validate(config: WorldConfig) -> None:
         raise ValueError("WorldConfig.paraphrases > 1 needs doc_unit='fact'")
     if not 0.0 <= config.named <= 1.0:
         raise ValueError(f"WorldConfig.named must be a share in [0, 1], got {config.named}")
+    check_long_horizon(config)
     positive = (
         "n_clusters",
         "people_per_cluster",
@@ -369,6 +371,11 @@ def generate_world(config: WorldConfig) -> World:
         name: with_named_twins(qs, config.named, random.Random(f"{config.seed}:named:{name}"))
         for name, qs in splits.items()
     }
+    if config.long_horizon:  # opt-in, from generators of its own: the world above stays as it is
+        mentors = assign_mentors(config.seed, clusters)
+        docs += mentor_docs(mentors, entities)
+        long = long_questions(config, entities, clusters, mentors, _split_of)
+        splits = {name: qs + long[name] for name, qs in splits.items()}
     return World(config=config, docs=docs, **splits)
 
 

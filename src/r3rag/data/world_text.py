@@ -293,10 +293,13 @@ def world_vocabulary(config: WorldConfig | None = None) -> list[str]:
     """Every token that any world (any seed) with this config's features can emit, in a
     deterministic order. Basic worlds (the default) never use the harder worlds' extra words, so
     their vocabulary, and a tokenizer trained on it, stay as they were."""
+    from r3rag.data.world_long import long_words
+
+    extra = ([] if _is_basic(config) else _extra_words()) + (long_words() if config and config.long_horizon else [])
     tokens: dict[str, None] = {}
     for group in (
         PUNCTUATION,
-        _template_words() + ([] if _is_basic(config) else _extra_words()),
+        _template_words() + extra,
         COMPANY_SUFFIXES,
         UNIVERSITY_SUFFIXES,
         YEARS,

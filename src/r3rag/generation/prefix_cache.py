@@ -57,12 +57,19 @@ class PrefixCacheStore:
         self.rows = {k: v for k, v in self.rows.items() if k in keep}
 
     def _cached(self, key: int, seq: list[int]) -> CachedRow | None:
-        """The stored row when its tokens are a proper prefix of `seq`, else None."""
+        """The stored row cut to the longest prefix it shares with `seq` (short of all of `seq`:
+        one token at least is fed), or None when they share none. Usually the whole row: the
+        context only grew; a folded context (`env.context: fold`) changed under it, and the
+        tokens before the change are still reused."""
         entry = self.rows.get(key)
-        n = len(entry.tokens) if entry else 0
-        if entry is None or n >= len(seq) or seq[:n] != entry.tokens:
+        if entry is None:
             return None
-        return entry
+        n = min(_shared_prefix(entry.tokens, seq), len(seq) - 1)
+        if n <= 0:
+            return None
+        if n == len(entry.tokens):
+            return entry
+        return CachedRow(entry.tokens[:n], entry.source, entry.row, entry.positions[:n])
 
     def plan(self, seqs: list[list[int]], keys: list[int], device) -> BatchPlan | None:
         cached = [self._cached(k, s) for k, s in zip(keys, seqs)]
@@ -99,6 +106,20 @@ class PrefixCacheStore:
             n_gen = min(len(kept[r]), steps - 1)
             pos = torch.cat([torch.nonzero(real[r], as_tuple=True)[0], generated[:n_gen]])
             self.rows[key] = CachedRow(seqs[r] + kept[r][:n_gen], source, r, pos)
+
+
+def _shared_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    if a[:n] == b[:n]:  # the usual case, in one comparison
+        return n
+    lo, hi = 0, n  # the first difference, by bisection on prefix equality
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        if a[:mid] == b[:mid]:
+            lo = mid
+        else:
+            hi = mid - 1
+    return lo
 
 
 def _gather_cache(cached: list[CachedRow | None], lc: int, device) -> DynamicCache:

@@ -15,7 +15,8 @@ Components (values in [0, 1] unless said):
 - `format`: 1 if well formed: every model turn is one closed action, `<think>` balanced,
   no `<information>` written by the model, and the last turn answers. A trajectory cut by a
   length limit (`finish_reason` "length": a turn ran out of `max_new_tokens`, or the documents
-  took it past `max_completion_tokens`) is a format error in every component, as an invalid
+  took it past `max_completion_tokens`; "context": its next turn would pass `max_context_tokens`)
+  is a format error in every component, as an invalid
   one is: running out of budget must not score better than writing a malformed turn.
 - `search_r1_format`: Search-R1 v0.3's graded outcome+format reward, with s = structure
   (0.2), f = final (0.1), r = retrieval (0.0), valid = `format`, correct = EM:
@@ -124,7 +125,7 @@ def cover_reward(traj: Trajectory, example: dict) -> float:
     return cover_match(traj.answer, example["golden_answers"])
 
 
-FORMAT_ERRORS = ("invalid", "length")  # finish reasons scored as a malformed trajectory
+FORMAT_ERRORS = ("invalid", "length", "context")  # finish reasons scored as a malformed trajectory
 
 
 def format_reward(traj: Trajectory, protocol: Protocol) -> float:
@@ -346,6 +347,8 @@ def rollout_stats(fields: dict) -> dict[str, float]:
     out = {"rollout/searches": sum(fields.get("num_searches") or [0]) / n}
     for r in ("answer", "max_turns", "length", "invalid"):
         out[f"rollout/finish_{r}"] = sum(x == r for x in reasons) / n
+    if "context" in reasons:  # only where a context budget is set and was hit: other runs' lines as before
+        out["rollout/finish_context"] = sum(x == "context" for x in reasons) / n
     for key, value in (fields.get("timing") or [{}])[0].items():
         out[f"time/{key}"] = value
     for key, value in (fields.get("sampling") or [{}])[0].items():  # dynamic sampling's counts

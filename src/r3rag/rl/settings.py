@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-from r3rag.core.env import EnvSettings
+from r3rag.core.env import EnvSettings, check_env_settings
 from r3rag.training.checkpoints import check_save_steps
 from r3rag.util.config import check_literals, hashed_when_set, unhashed, unhashed_since_built
 from r3rag.util.errors import UserError
@@ -120,6 +120,13 @@ def check_settings(cfg: GRPOSettings) -> None:
             f"upper bound; DAPO uses 0.28), got {cfg.epsilon_high}"
         )
     check_algorithm(cfg)
+    check_env_settings(cfg, "rl")
+    if cfg.context == "fold":
+        raise UserError(
+            "rl.context=fold: training on folded trajectories (each turn a row of its own context) is not "
+            "built yet; train with keep_all (rl.max_context_tokens still bounds the context) and evaluate "
+            "with eval.context=fold"
+        )
     if cfg.process_credit == "step" and cfg.loss_type not in TOKEN_LEVEL_LOSSES:
         raise UserError(
             f"rl.process_credit=step: loss_type {cfg.loss_type} weighs whole sequences; use one of "

@@ -46,7 +46,7 @@ from pathlib import Path
 from typing import Literal
 
 from r3rag.core.artifacts import ArtifactRef, journal_file, resolve
-from r3rag.core.env import EnvSettings, run_rollouts
+from r3rag.core.env import EnvSettings, check_env_settings, run_rollouts
 from r3rag.evaluation.judge import AnswerJudge, JudgeSpec
 from r3rag.evaluation.predictions import print_table, stage_seconds, summarize, to_prediction
 from r3rag.evaluation.resume import EvalChunks
@@ -186,6 +186,7 @@ def validate(cfg: Config) -> None:
     system_specs(cfg)
     if cfg.n_samples < 1:
         raise UserError("eval.n_samples: must be at least 1")
+    check_env_settings(cfg, "eval")
 
 
 def model_artifacts(specs: dict[str, SystemSpec], ctx: Context) -> dict[str, ArtifactRef]:

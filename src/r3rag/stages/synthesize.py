@@ -168,6 +168,9 @@ def run(cfg: Config, ctx: Context):
 def _check(cfg: Config) -> None:
     if cfg.attempts < 1 or cfg.max_turns < 1:
         raise UserError("synthesize: attempts and max_turns must be at least 1")
+    from r3rag.core.env import check_env_settings
+
+    check_env_settings(cfg, "synthesize")
     if cfg.teacher == "openai" and not (cfg.base_url and cfg.model):
         raise UserError(
             "synthesize: teacher=openai needs base_url and model (e.g. --set base_url=https://api."
