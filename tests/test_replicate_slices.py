@@ -1,4 +1,4 @@
-"""An experiment run slice by slice (r3rag.experiments.slices, slice_file, slice_merge, slice_status): each
+"""An experiment run slice by slice (r3rag.experiments.slices: cut, file, merge; slice_status): each
 slice's results file, its merge into the results file the whole run would write, `--status`, bad
 files and a slice run twice. Stand-in eval artifacts (metrics.json, predictions.jsonl, manifests)
 take the place of trained ones: nothing here trains, every test runs in about a second."""
@@ -129,7 +129,7 @@ def _whole_run(path: Path, built: dict, tmp_path: Path) -> dict:
     from r3rag.experiments.results.compare import build_comparisons, compare_spec
     from r3rag.experiments.results.file import results_spec, write_results
     from r3rag.experiments.results.table import build_rows
-    from r3rag.experiments.slices import load_slices
+    from r3rag.experiments.slices.cut import load_slices
 
     experiment, _ = load_slices(path, load_pipeline(path))
     table = experiment["table"]
@@ -147,8 +147,8 @@ def _whole_run(path: Path, built: dict, tmp_path: Path) -> dict:
 def _write_slice(path: Path, built: dict, name: str, finished: str = "2026-12-03T10:00:00Z", **changes) -> Path:
     """Slice `name`'s file, as `r3rag run --slice` writes it after building these artifacts."""
     from r3rag.experiments.pipeline import load_pipeline
-    from r3rag.experiments.slice_file import slice_record, write_slice
-    from r3rag.experiments.slices import fingerprint, load_slices, slice_experiment
+    from r3rag.experiments.slices.cut import fingerprint, load_slices, slice_experiment
+    from r3rag.experiments.slices.file import slice_record, write_slice
 
     experiment, slices = load_slices(path, load_pipeline(path))
     sub = slice_experiment(path, experiment, slices[name])
@@ -161,7 +161,7 @@ def _write_slice(path: Path, built: dict, name: str, finished: str = "2026-12-03
 @pytest.fixture
 def tiny(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)  # results/tiny/ and results/tiny.json are relative to the working directory
-    monkeypatch.setattr("r3rag.experiments.slice_file.machine_info", lambda: dict(MACHINE))
+    monkeypatch.setattr("r3rag.experiments.slices.file.machine_info", lambda: dict(MACHINE))
     monkeypatch.setenv("COLUMNS", "250")
     return SimpleNamespace(path=_pipeline(tmp_path).relative_to(tmp_path), built=_built(tmp_path / "runs"))
 
@@ -173,7 +173,7 @@ def _all_slices(tiny) -> None:
 
 def test_a_slice_runs_its_variants_and_the_stages_they_start_from():
     from r3rag.experiments.pipeline import load_pipeline
-    from r3rag.experiments.slices import load_slices, slice_experiment
+    from r3rag.experiments.slices.cut import load_slices, slice_experiment
 
     path = ROOT / "pipelines" / "replicate.yaml"
     experiment, slices = load_slices(path, load_pipeline(path))
@@ -194,7 +194,7 @@ def test_the_cut_arms_run_in_slices_from_the_cold_starts_they_start_from():
     """replicate-extras.yaml: every cut arm at every seed in one slice of <= 100 min, each rebuilding
     only the cold start (or base LM) it reads, never the main arms' GRPO."""
     from r3rag.experiments.pipeline import load_pipeline
-    from r3rag.experiments.slices import load_slices, slice_experiment
+    from r3rag.experiments.slices.cut import load_slices, slice_experiment
 
     path = ROOT / "pipelines" / "replicate-extras.yaml"
     experiment, slices = load_slices(path, load_pipeline(path))
@@ -235,7 +235,7 @@ def test_a_slice_file_holds_every_outcome_and_is_written_atomically(tiny, monkey
     assert record["settings"]["more#s0"]["sft"]["lr"] == 1e-4 and len(record["settings_hash"]) == 16
     assert '"em": [' in file.read_text()  # a list of 40 values on one line, not 40 lines
 
-    from r3rag.experiments.slice_file import write_slice
+    from r3rag.experiments.slices.file import write_slice
 
     def killed(fd):  # the process dies after writing, before the temp file is renamed into place
         raise KeyboardInterrupt
@@ -251,7 +251,7 @@ def test_merged_slices_equal_the_whole_runs_results(tiny, tmp_path):
     """The merge's rows (EM over seeds, intervals, dev EM found in another slice) and paired
     comparisons equal those of one run of the whole experiment over the same per-question outcomes."""
     from r3rag.experiments.pipeline import load_pipeline
-    from r3rag.experiments.slice_merge import merge
+    from r3rag.experiments.slices.merge import merge
 
     whole = _whole_run(tiny.path, tiny.built, tmp_path)
     _all_slices(tiny)
@@ -333,8 +333,8 @@ def test_a_bad_slice_file_is_one_line_naming_it(tiny, damage, needles):
 
 def test_a_slice_rerun_elsewhere_is_kept_beside_it_and_the_first_to_finish_counts(tiny):
     from r3rag.experiments.pipeline import load_pipeline
-    from r3rag.experiments.slice_file import target_file
-    from r3rag.experiments.slice_merge import merge
+    from r3rag.experiments.slices.file import target_file
+    from r3rag.experiments.slices.merge import merge
 
     _all_slices(tiny)
     first = merge(tiny.path, load_pipeline(tiny.path))
@@ -369,7 +369,7 @@ def test_a_slice_rerun_elsewhere_is_kept_beside_it_and_the_first_to_finish_count
 def test_run_slice_writes_its_file_and_prints_how_to_commit_it(tiny, monkeypatch):
     """`r3rag run FILE --slice NAME`, its building stood in for: the file, then the git line."""
     from r3rag.experiments.pipeline import load_pipeline
-    from r3rag.experiments.slices import check_overrides, load_slices, slice_experiment
+    from r3rag.experiments.slices.cut import check_overrides, load_slices, slice_experiment
 
     def build(path, sub, overrides, runs_dir):
         built = {v: {st: tiny.built[v][st] for st in spec["stages"]} for v, spec in sub["variants"].items()}
@@ -420,7 +420,7 @@ def test_committed_results_files_are_the_merge_of_their_committed_slices(monkeyp
     """A results file with a folder of slice files beside it is what `r3rag report --results` merges from
     them; a folder whose slices are not all in has no results file yet (the merge refuses)."""
     from r3rag.experiments.pipeline import load_pipeline
-    from r3rag.experiments.slice_merge import merge
+    from r3rag.experiments.slices.merge import merge
 
     monkeypatch.chdir(ROOT)  # slice files name their pipeline and folder from the repository's root
     folders = [d for d in sorted((ROOT / "results").glob("*")) if d.is_dir() and list(d.glob("*.json"))]

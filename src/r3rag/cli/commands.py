@@ -73,8 +73,8 @@ def report_cmd(
 
 
 def _merge_slices(results: list[Path]) -> int:
-    """Merge each results file's slice files into it (r3rag.experiments.slice_merge); how many files were merged."""
-    from r3rag.experiments.slice_merge import merge_into
+    """Merge each results file's slice files into it (r3rag.experiments.slices.merge); how many files were merged."""
+    from r3rag.experiments.slices.merge import merge_into
 
     merged = 0
     for path in results:

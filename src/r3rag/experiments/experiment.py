@@ -21,7 +21,7 @@ policy (its base, sft and rl artifacts' wall seconds, as recorded when they were
 `--set` overrides on the command line apply to every variant that runs that stage. With a top-level
 `results: results/<name>.json`, the run also writes that results file, last (r3rag.experiments.results.file),
 from which `r3rag report --results` regenerates the docs' tables (r3rag.experiments.results.docs). A `slices`
-section divides the variants into units of work run one at a time with `--slice NAME` (r3rag.experiments.slices).
+section divides the variants into units of work run one at a time with `--slice NAME` (r3rag.experiments.slices.cut).
 `r3rag run FILE` reaches this module through r3rag.experiments.run, which also takes plain pipelines and slices.
 
 Usage:

@@ -82,8 +82,8 @@ def work(path: Path, overrides: list[str], runs_dir: Path | None, slice_name: st
 
 
 def _experiment(path: Path, overrides: list[str], slice_name: str | None = None) -> dict:
-    from r3rag.experiments.slices import check_overrides as check_slice
-    from r3rag.experiments.slices import load_slices, pick, slice_experiment
+    from r3rag.experiments.slices.cut import check_overrides as check_slice
+    from r3rag.experiments.slices.cut import load_slices, pick, slice_experiment
 
     data = load_pipeline(path)
     if not is_experiment(data):

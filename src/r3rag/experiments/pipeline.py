@@ -142,7 +142,7 @@ def _plain(path: Path, data: dict | None) -> dict:
         )
     if "results" in data:  # a results file is an experiment's table as data: a plain pipeline has no table
         raise UserError(f"{path}: results: only an experiment (variants and a table) writes a results file")
-    if data.get("slices"):  # slices divide an experiment's variants (r3rag.experiments.slices)
+    if data.get("slices"):  # slices divide an experiment's variants (r3rag.experiments.slices.cut)
         raise UserError(f"{path}: slices: only an experiment (variants and a table) runs in slices")
     return data
 

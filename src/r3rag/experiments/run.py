@@ -1,7 +1,7 @@
 """What `r3rag run FILE` builds: a plain pipeline, an experiment (variants + table), or one slice of
 an experiment (`--slice NAME`). This module dispatches; r3rag.experiments.pipeline,
-r3rag.experiments.experiment and r3rag.experiments.slice_file do the work, and the slices
-(r3rag.experiments.slices) come after the experiment they cut, never before.
+r3rag.experiments.experiment and r3rag.experiments.slices.file do the work, and the slices
+(r3rag.experiments.slices.cut) come after the experiment they cut, never before.
 
 Usage:
     run_file(Path("pipelines/replicate.yaml"), [], runs_dir=None)   # a plain pipeline or an experiment
@@ -21,16 +21,16 @@ from r3rag.util.errors import UserError
 def run_file(
     path: Path, overrides: list[str], runs_dir: Path | None, slice_name: str | None = None, commit: bool = False
 ) -> ArtifactRef:
-    """`r3rag run`: an experiment (variants + table), one of its slices (`--slice`, r3rag.experiments.slices),
+    """`r3rag run`: an experiment (variants + table), one of its slices (`--slice`, r3rag.experiments.slices.cut),
     or else a plain pipeline."""
     data = load_pipeline(path)
     if is_experiment(data):
-        from r3rag.experiments.slices import load_slices, pick
+        from r3rag.experiments.slices.cut import load_slices, pick
 
         experiment, slices = load_slices(path, data)  # checked on every run: a typo fails before hours of work
         if slice_name is None:
             return run_experiment(path, experiment, overrides, runs_dir)
-        from r3rag.experiments.slice_file import run_slice
+        from r3rag.experiments.slices.file import run_slice
 
         return run_slice(path, experiment, pick(path, slices, slice_name), overrides, runs_dir, commit)
     _no_slice(path, slice_name)
@@ -41,7 +41,7 @@ def plan_file(path: Path, overrides: list[str], runs_dir: Path | None, slice_nam
     """`r3rag run --dry-run`: the plan of an experiment, of one of its slices, or of a plain pipeline."""
     data = load_pipeline(path)
     if is_experiment(data):
-        from r3rag.experiments.slices import load_slices, pick, slice_experiment
+        from r3rag.experiments.slices.cut import load_slices, pick, slice_experiment
 
         experiment, slices = load_slices(path, data)
         if slice_name is not None:

@@ -1,10 +1,10 @@
 """`r3rag run FILE --status` for an experiment with slices: which are committed, which are left.
 
-Per slice (r3rag.experiments.slices), from its files (r3rag.experiments.slice_file) and git, not from the runs directory
+Per slice (r3rag.experiments.slices.cut), from its files (r3rag.experiments.slices.file) and git, not from the runs directory
 (a new machine has none): `committed` (its current file is in git's HEAD, unchanged), `written`
 (the file is there but not committed yet: commit it before the machine can go), `stale` (its file
 records other settings: rerun it), `missing`. A committed slice shows its build minutes from
-nothing and the machine; one over ~100 min (r3rag.experiments.slices.MAX_MINUTES) is marked, to be split. The
+nothing and the machine; one over ~100 min (r3rag.experiments.slices.cut.MAX_MINUTES) is marked, to be split. The
 hours left are each slice not yet done, at the median build minutes of the committed slices of its
 kind (the same name before `{seed}` is filled) where there are, else at the pipeline's `minutes`
 estimate; each counted from nothing, so where one machine runs several slices that share a cold
@@ -22,13 +22,13 @@ import statistics
 import subprocess
 from pathlib import Path
 
-from r3rag.experiments.slices import MAX_MINUTES
+from r3rag.experiments.slices.cut import MAX_MINUTES
 
 
 def slice_rows(path: Path, data: dict) -> list[dict]:
     """One row per slice: {"slice", "kind", "state", "detail", "minutes" (recorded or estimated), "estimated"}."""
-    from r3rag.experiments.slice_file import machine_line
-    from r3rag.experiments.slice_merge import collect
+    from r3rag.experiments.slices.file import machine_line
+    from r3rag.experiments.slices.merge import collect
 
     if not data.get("slices"):
         return []
@@ -108,7 +108,7 @@ def so_far(path: Path, data: dict) -> str:
     """The table, its comparisons and its claims over the slices with a current file ("" while none has one)."""
     from r3rag.experiments.results.compare import claims_markdown, comparison_markdown
     from r3rag.experiments.results.table import markdown, row_sources
-    from r3rag.experiments.slice_merge import merge
+    from r3rag.experiments.slices.merge import merge
 
     merged = merge(path, data, partial=True)
     if not merged["rows"]:

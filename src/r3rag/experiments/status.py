@@ -13,7 +13,7 @@ run, and one that another variant builds too (the same artifact at the seeds tha
 nothing; a stage V has not run at any seed yet takes, roughly, what that stage took in the other
 variants.
 
-An experiment with slices (r3rag.experiments.slices) shows its slices instead (r3rag.experiments.slice_status); with
+An experiment with slices (r3rag.experiments.slices.cut) shows its slices instead (r3rag.experiments.slice_status); with
 `--slice NAME`, this view of that slice's stages on this machine.
 
 Usage:
@@ -46,14 +46,15 @@ def file_status(
     path: Path, overrides: list[str], runs_dir: Path | None, slice_name: str | None = None
 ) -> tuple[list[dict], dict, dict | None]:
     """(rows as status_file's, each variant's done artifacts {variant: {stage: ref}}, the
-    experiment with its seeds expanded, or one slice of it, r3rag.experiments.slices); ({} and None for a plain pipeline)."""
+    experiment with its seeds expanded, or one slice of it, r3rag.experiments.slices.cut); ({} and
+    None for a plain pipeline)."""
     data = load_pipeline(path)
     if not is_experiment(data):
         if slice_name is not None:
             raise UserError(f"{path}: --slice: a plain pipeline has no slices (an experiment declares them)")
         stages = pipeline_stages(data, path)
         return _status_stages(path, data, stages, split_overrides(overrides, stages), runs_dir, {})[0], {}, None
-    from r3rag.experiments.slices import load_slices, pick, slice_experiment
+    from r3rag.experiments.slices.cut import load_slices, pick, slice_experiment
 
     data, slices = load_slices(path, data)
     if slice_name is not None:

@@ -82,7 +82,7 @@ def build_comparisons(
     """One dict per pair: a, b, claim (its words, else "a beats b"), diff (EM of a minus b), ci,
     n questions, n_seeds, inside_noise, per_seed. Per-question EM from the eval artifacts in
     `built`, or from `em_of(<variant>/<system>)` (the committed slice files' outcomes,
-    r3rag.experiments.slice_merge)."""
+    r3rag.experiments.slices.merge)."""
     from r3rag.core.metrics import paired_over_seeds
 
     em_of = em_of or (lambda source: _artifact_em(source, built))

@@ -106,7 +106,7 @@ def load_results(path: Path) -> dict:
 
 def write_text_atomic(target: Path, text: str) -> Path:
     """Write `target` whole or not at all: a temp file beside it, on disk, renamed into place (a
-    results file or a slice file, r3rag.experiments.slice_file, is the record: never half of one)."""
+    results file or a slice file, r3rag.experiments.slices.file, is the record: never half of one)."""
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = target.with_name(f".{target.name}.{os.getpid()}.part")
     try:

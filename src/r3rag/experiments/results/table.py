@@ -49,7 +49,7 @@ def build_rows(spec: dict[str, str | list[str]], built: dict[str, dict], path: P
 
 def rows_from(spec: dict[str, str | list[str]], lookup: Callable[[str, str], Outcome]) -> list[dict]:
     """build_rows over any store of outcomes: `lookup(label, source)` gives one `<variant>/<system>`'s
-    Outcome (from eval artifacts here; from committed slice files in r3rag.experiments.slice_merge, so that a
+    Outcome (from eval artifacts here; from committed slice files in r3rag.experiments.slices.merge, so that a
     merged table is computed exactly as the experiment's own)."""
     rows = []
     for label, source in spec.items():

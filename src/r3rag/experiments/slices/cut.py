@@ -13,7 +13,8 @@ Every table source (`<variant>/<system>`, at every seed) lies in exactly one sli
 slices' files together hold the whole table. `r3rag run FILE --slice w1-grpo-s0` builds the
 slice's variants and the artifacts they start from (`${main.sft}` in a variant of another slice:
 main's stages up to sft, reused where this machine has them, rebuilt where it lost them), then
-writes the slice's results file (r3rag.experiments.slice_file); r3rag.experiments.slice_merge merges the files.
+writes the slice's results file (r3rag.experiments.slices.file); r3rag.experiments.slices.merge
+merges the files.
 
 A slice is named by variants and seeds, not by artifact ids: a recipe change (another cold start)
 changes its ids and its settings fingerprint, never its name. The fingerprint hashes the hashed

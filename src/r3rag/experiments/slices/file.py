@@ -1,6 +1,6 @@
 """One slice run and its results file: what survives when the machine and its runs directory do not.
 
-`r3rag run FILE --slice NAME` (r3rag.experiments.slices) builds the slice's variants and writes, last and
+`r3rag run FILE --slice NAME` (r3rag.experiments.slices.cut) builds the slice's variants and writes, last and
 atomically, `<results folder>/<NAME>.json` (results/replicate.json's slices: results/replicate/):
 
 - `slice`, `kind`, `seed`, `variants` (its own), `experiment`, `pipeline`;
@@ -21,7 +21,7 @@ atomically, `<results folder>/<NAME>.json` (results/replicate.json's slices: res
 
 The name is free: where `<NAME>.json` already records other artifacts with the same settings (a
 rerun, on this machine or another), the new file is `<NAME>.rerun2.json` (then 3, ...), and the
-merge keeps the first to finish (r3rag.experiments.slice_merge); a file with the same artifacts is left as it
+merge keeps the first to finish (r3rag.experiments.slices.merge); a file with the same artifacts is left as it
 is, a stale `<NAME>.json` is replaced (git keeps the old one). The run prints the `git add` and
 `git commit` of the file; with `--commit` it commits that one file itself.
 
@@ -59,7 +59,7 @@ REQUIRED_MAPS = ("evals", "runs", "artifacts", "artifact_seconds", "machine")
 def run_slice(path: Path, experiment: dict, sl: dict, overrides: list[str], runs_dir, commit: bool):
     """Build one slice, write its file, print (or run) the commit; returns the slice's table artifact."""
     from r3rag.experiments.experiment import build_experiment
-    from r3rag.experiments.slices import check_overrides, slice_experiment, slice_folder
+    from r3rag.experiments.slices.cut import check_overrides, slice_experiment, slice_folder
 
     folder = slice_folder(path, experiment)
     sub = slice_experiment(path, experiment, sl)

@@ -1,9 +1,9 @@
-"""Merging an experiment's slice files (r3rag.experiments.slice_file) into its results file and the docs' tables.
+"""Merging an experiment's slice files (r3rag.experiments.slices.file) into its results file and the docs' tables.
 
 `r3rag report --results results/replicate.json` first merges results/replicate/*.json, when that
 folder holds slice files, into results/replicate.json, then regenerates the docs' blocks from it
 (r3rag.experiments.results.docs). The merge needs every slice of the pipeline the files name, each with a
-current file (its settings fingerprint the pipeline's, r3rag.experiments.slices); `r3rag run FILE --status`
+current file (its settings fingerprint the pipeline's, r3rag.experiments.slices.cut); `r3rag run FILE --status`
 says which are missing or stale. Rows and paired comparisons are computed by the experiment's own
 code (r3rag.experiments.results.table.rows_from, r3rag.experiments.results.compare.build_comparisons) from each slice's
 per-question EM, so the merged file equals what one run of every slice on one machine would write,
@@ -30,14 +30,14 @@ from collections import defaultdict
 from pathlib import Path
 
 from r3rag.experiments.results.table import Outcome, row_sources
-from r3rag.experiments.slice_file import load_slice, machine_line
+from r3rag.experiments.slices.file import load_slice, machine_line
 from r3rag.util.errors import UserError
 
 
 def collect(path: Path, data: dict) -> dict:
     """The pipeline's slices and their files: {"experiment", "slices", "folder", "current": {slice:
     (file, record)}, "stale": {slice: [(file, record, why)]}, "reruns": [...]}."""
-    from r3rag.experiments.slices import fingerprint, load_slices, slice_experiment, slice_folder
+    from r3rag.experiments.slices.cut import fingerprint, load_slices, slice_experiment, slice_folder
 
     experiment, slices = load_slices(path, data)
     if not slices:
