@@ -178,8 +178,8 @@ class EnvSettings:
     # keep_all: every document stays in the context; fold: a search's documents are shown in full
     # for the next turn only, then as a stub (their titles): the model's notes carry what it read
     context: ContextMode = hashed_when_set("keep_all")
-    # the most tokens a turn's context may hold, its max_new_tokens included (0: only the model's
-    # own length); a trajectory that would pass it ends with finish reason "context"
+    # the most tokens a turn's context may hold, its max_new_tokens included (0: no such budget,
+    # max_completion_tokens alone); a trajectory that would pass it ends with finish reason "context"
     max_context_tokens: int = hashed_when_set(0)
 
     def env_config(self, mode: str = "iterative", max_completion_tokens: int = 1024, top_k: int = 0) -> EnvConfig:

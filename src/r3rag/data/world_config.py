@@ -44,8 +44,8 @@ class WorldConfig:
     # Share of chain questions that also get a named twin (type "named", one retrieval away).
     named: float = 0.0
     # Long horizons (r3rag.data.world_long): [lo, hi] adds questions that need lo to hi searches
-    # each (mentor chains, "founded first" over a list of companies, "how many were born in X" over
-    # a list of people) and the mentor facts they read; [] (default): none, the world as before.
+    # each (mentor chains; "founded first" and "how many founded before a year" over a list of
+    # companies) and the mentor facts they read; [] (default): none, the world as before.
     long_horizon: list[int] = hashed_when_set(default_factory=list)
     long_per_count: int = hashed_when_set(8)  # long-horizon questions per type, search count and split
 
