@@ -254,3 +254,30 @@ def test_a_40_turn_trajectory_runs_through_the_loop_its_scores_and_an_rl_step(wo
     before = [p.detach().clone() for p in model.parameters()]
     trainer.train()
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))
+
+
+# ---- training rows of a folded trajectory -----------------------------------------------------
+
+
+def test_sft_rows_of_a_folded_trajectory_are_the_contexts_it_saw_and_its_own_tokens(world, retriever):
+    """sft.view=step with context=fold: one row per model turn, its prompt exactly the context the
+    loop showed that turn (earlier searches as stubs), its labels exactly that turn's tokens."""
+    from r3rag.stages.sft import Config, validate
+    from r3rag.training.helpers import IGNORE, tokenize_steps
+    from r3rag.util.errors import UserError
+
+    questions = _long(world.test, 6)
+    trajs, seen = _run(world, retriever, questions, context="fold")
+    tok = _tokenizer(world)
+    for t in trajs:
+        rows = tokenize_steps(t.to_json(), tok, protocol=P, fold=True)
+        model_turns = [turn for turn in t.turns if turn.role == "model"]
+        assert len(rows) == len(model_turns) == len(seen[t.id])
+        for (ids, labels), turn, (_, context) in zip(rows, model_turns, seen[t.id]):
+            n = len(context)
+            assert ids[:n] == context and all(x == IGNORE for x in labels[:n])
+            assert ids[n : n + len(turn.ids)] == turn.ids == labels[n : n + len(turn.ids)]
+        kept = tokenize_steps(t.to_json(), tok, protocol=P, fold=False)
+        assert len(kept[-1][0]) > len(rows[-1][0])  # keep_all's last row holds every document
+    with pytest.raises(UserError, match="set sft.view=step"):
+        validate(Config(context="fold"))

@@ -88,6 +88,9 @@ class Config:
     weight_decay: float = 0.0  # AdamW weight decay
     max_length: int = 1024  # tokens per sample; longer ones are cut at the end
     view: Literal["trajectory", "step"] = "trajectory"  # step: one sample per step (R3-RAG)
+    # fold (with view: step): each step's sample holds the context env.context: fold showed it, every
+    # search's documents but the last one's as their stub; keep_all: every document in full
+    context: Literal["keep_all", "fold"] = hashed_when_set("keep_all")
     limit: int = 0  # 0 = all trajectories
     bf16: bool | str = "auto"  # true, false or auto (bf16 where supported)
     # recompute each layer's activations in the backward pass: the same weights in less memory, a
@@ -106,6 +109,11 @@ class Config:
 
 def validate(cfg: Config) -> None:
     check_save_steps("sft", cfg.save_steps)
+    if cfg.context == "fold" and cfg.view != "step":
+        raise UserError(
+            "sft.context=fold: a folded trajectory's steps saw different contexts; set sft.view=step "
+            "(each step a sample of the context it saw)"
+        )
     if cfg.max_steps < 0:
         raise UserError(
             f"sft.max_steps: expected 0 (from epochs) or a number of optimizer updates, got {cfg.max_steps}"
@@ -196,7 +204,7 @@ def train_sft(model, tokenizer, rows, cfg: Config, work: Path, ctx: Context, pro
     from r3rag.training.observe import TrainClock, show_progress
     from r3rag.training.trainers import FastSFTTrainer
 
-    encoded = tokenize_rows(rows, tokenizer, cfg.max_length, protocol, cfg.view)
+    encoded = tokenize_rows(rows, tokenizer, cfg.max_length, protocol, cfg.view, fold=cfg.context == "fold")
     ds = Dataset.from_dict({"input_ids": [e[0] for e in encoded], "labels": [e[1] for e in encoded]})
     args = SFTConfig(
         output_dir=str(Path(work) / "checkpoints"),

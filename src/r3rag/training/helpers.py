@@ -93,40 +93,70 @@ def tokenize_trajectory(row: dict, tokenizer, max_length: int = 0, protocol=None
     return ids, labels
 
 
-def tokenize_steps(row: dict, tokenizer, max_length: int = 0, protocol=None) -> list[tuple[list[int], list[int]]]:
+def tokenize_steps(
+    row: dict, tokenizer, max_length: int = 0, protocol=None, fold: bool = False
+) -> list[tuple[list[int], list[int]]]:
     """R3-RAG's view: one sample per model turn, whose prompt is the question, the earlier steps
     and their documents (no loss) and whose completion is that step (loss; EOS after a final answer).
-    Too long a sample loses context from the left, never its step."""
+    Too long a sample loses context from the left, never its step. `fold` (`context: fold`): each
+    step's prompt is the context the loop showed it, every search's documents but the last one's
+    as their stub (r3rag.core.env), so the model learns from the contexts it will see."""
     traj = Trajectory.from_json(row)
-    context = tokenizer.encode(framed_prompt(traj, tokenizer, protocol), add_special_tokens=False)
+    prompt = tokenizer.encode(framed_prompt(traj, tokenizer, protocol), add_special_tokens=False)
+    turn_ids = [tokenizer.encode(t.text, add_special_tokens=False) for t in traj.turns]
+    stub_ids = (
+        {i: tokenizer.encode(text, add_special_tokens=False) for i, text in documents_stubs(traj, protocol).items()}
+        if fold
+        else {}
+    )
     last_model = max(i for i, t in enumerate(traj.turns) if t.role == "model")
     samples = []
     for i, t in enumerate(traj.turns):
-        ids = tokenizer.encode(t.text, add_special_tokens=False)
-        if t.role == "model":
-            step = ids + ([tokenizer.eos_token_id] if i == last_model and traj.finish_reason == "answer" else [])
-            keep = context
-            if max_length and len(context) + len(step) > max_length:
-                room = max_length - len(step)
-                keep, step = (context[-room:], step) if room > 0 else ([], step[:max_length])
-            samples.append((keep + step, [IGNORE] * len(keep) + step))
-        context = context + ids
+        if t.role != "model":
+            continue
+        shown_in_full = max((j for j in stub_ids if j < i), default=None)  # the last search before this step
+        context = list(prompt)
+        for j in range(i):
+            context += stub_ids[j] if j in stub_ids and j != shown_in_full else turn_ids[j]
+        step = turn_ids[i] + ([tokenizer.eos_token_id] if i == last_model and traj.finish_reason == "answer" else [])
+        keep = context
+        if max_length and len(context) + len(step) > max_length:
+            room = max_length - len(step)
+            keep, step = (context[-room:], step) if room > 0 else ([], step[:max_length])
+        samples.append((keep + step, [IGNORE] * len(keep) + step))
     return samples
 
 
+def documents_stubs(traj: Trajectory, protocol) -> dict[int, str]:
+    """{turn index: its stub text} for each documents turn of a stored trajectory: the env turns
+    that render one of its searches (the stubs are rebuilt from `documents`, as the loop wrote them)."""
+    rendered = [protocol.render_docs(_hits(docs)) for docs in traj.documents]
+    stubs, k = {}, 0
+    for i, t in enumerate(traj.turns):
+        if t.role == "env" and k < len(rendered) and t.text == rendered[k]:
+            stubs[i] = protocol.render_stub(_hits(traj.documents[k]))
+            k += 1
+    return stubs
+
+
+def _hits(docs: list[dict]) -> list[Hit]:
+    return [Hit(d["id"], d.get("score", 0.0), d["title"], d["text"]) for d in docs]
+
+
 def tokenize_rows(
-    rows: list[dict], tokenizer, max_length: int, protocol, view: str
+    rows: list[dict], tokenizer, max_length: int, protocol, view: str, fold: bool = False
 ) -> list[tuple[list[int], list[int]]]:
-    """tokenize_trajectory (view "trajectory") or tokenize_steps ("step") of every row, with every
-    text encoded in one batch call first (the fast tokenizer's Rust batch path): the same ids as
-    one `encode` per text, without ~230k Python round trips (34k demo trajectories: ~30 s -> ~3 s)."""
+    """tokenize_trajectory (view "trajectory") or tokenize_steps ("step"; `fold`: each step from its
+    folded context) of every row, with every text encoded in one batch call first (the fast
+    tokenizer's Rust batch path): the same ids as one `encode` per text, without ~230k Python round
+    trips (34k demo trajectories: ~30 s -> ~3 s)."""
     texts = []
     for row in rows:
         traj = Trajectory.from_json(row)
         texts += [framed_prompt(traj, tokenizer, protocol), *(t.text for t in traj.turns)]
     cached = PreEncoded(tokenizer, texts)
     if view == "step":
-        return [s for r in rows for s in tokenize_steps(r, cached, max_length, protocol)]
+        return [s for r in rows for s in tokenize_steps(r, cached, max_length, protocol, fold)]
     return [tokenize_trajectory(r, cached, max_length, protocol) for r in rows]
 
 
