@@ -175,8 +175,10 @@ def test_bad_context_settings_are_one_line():
     from r3rag.stages.rl import Config as RLConfig
     from r3rag.stages.rl import validate as rl_validate
 
-    with pytest.raises(UserError, match="rl.context=fold: training on folded trajectories"):
-        rl_validate(RLConfig(context="fold"))
+    with pytest.raises(UserError, match="rl.context=fold: ppo's rows of a folded trajectory"):
+        rl_validate(RLConfig(context="fold", algorithm="ppo"))
+    with pytest.raises(UserError, match="rl.context=fold: vLLM rollouts"):
+        rl_validate(RLConfig(context="fold", vllm="colocate"))
 
 
 def test_the_prefix_cache_reuses_what_a_folded_context_kept(world, retriever):
@@ -281,3 +283,47 @@ def test_sft_rows_of_a_folded_trajectory_are_the_contexts_it_saw_and_its_own_tok
         assert len(kept[-1][0]) > len(rows[-1][0])  # keep_all's last row holds every document
     with pytest.raises(UserError, match="set sft.view=step"):
         validate(Config(context="fold"))
+
+
+def test_rl_rows_of_a_folded_trajectory_reproduce_its_turns_and_train(world, retriever, tmp_path):
+    """rl.context=fold (GRPO): one row per model turn, its prompt the context the turn was sampled
+    from, its completion the turn's tokens, every row with its trajectory's advantage; a step trains."""
+    from r3rag.rl.fold_rows import turn_rows
+    from r3rag.rl.grpo import build_trainer, rollout_batch
+    from r3rag.rl.rewards import RewardScorer, RewardSettings
+    from r3rag.stages.rl import Config
+    from r3rag.training.modeling import tiny_model
+    from r3rag.training.trainers import ROW_FIELDS
+
+    q = _long(world.test, 4, "mentor_chain")[0]
+    right, seen = _run(world, retriever, [q], context="fold")
+    wrong_q = {**q, "golden_answers": ["nowhere"]}
+    wrong, _ = _run(world, retriever, [wrong_q], context="fold")
+    tok = _tokenizer(world)
+    for k, row in enumerate(turn_rows(right[0], tok.eos_token_id)):
+        turn = [t for t in right[0].turns if t.role == "model"][k]
+        assert row["prompt_ids"] == seen[q["id"]][k][1]  # exactly the context the loop showed this turn
+        assert row["completion_ids"][: len(turn.ids)] == turn.ids
+    pair = [right[0], wrong[0]]
+    batch = rollout_batch(pair, tok.eos_token_id, 100_000, fold=True)
+    scorer = RewardScorer({"em": 1.0}, RewardSettings(), P)
+    cfg = Config(steps=1, prompts_per_step=1, num_generations=2, bf16=False, save_steps=0, lr=1e-2, context="fold")
+    model = tiny_model(tok, layers=1, hidden=32, heads=2, intermediate=64, max_positions=4096)
+    trainer = build_trainer(model, tok, [q], None, P, scorer, cfg, tmp_path)
+
+    def rollout(prompts, tr):
+        out = {**batch, "scores": scorer.score(pair, [q, q]), "timing": {}}
+        trainer.row_extras = {k: out.pop(k) for k in ROW_FIELDS if k in out}
+        return out
+
+    trainer.rollout_func = rollout
+    seen_batches = []
+    compute = trainer._compute_loss
+    trainer._compute_loss = lambda m, inputs: seen_batches.append(inputs) or compute(m, inputs)
+    before = [p.detach().clone() for p in model.parameters()]
+    trainer.train()
+    (inputs,) = seen_batches
+    assert inputs["completion_ids"].shape[0] == 10  # 5 model turns each (4 searches and the answer)
+    adv = sorted(inputs["advantages"].tolist())
+    assert adv[:5] == pytest.approx([adv[0]] * 5) and adv[5:] == pytest.approx([adv[-1]] * 5) and adv[0] < 0 < adv[-1]
+    assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))

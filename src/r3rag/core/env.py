@@ -75,12 +75,14 @@ class Trajectory:
         """Tokens the model wrote (the environment's documents not counted)."""
         return sum(len(t.ids or []) for t in self.turns if t.role == "model")
 
-    def context_ids(self) -> list[int]:
-        """The ids the model continues: the prompt and every turn, with `fold` every documents turn
-        but the last one in its stub form (shown in full for the turn right after it only)."""
+    def context_ids(self, upto: int | None = None) -> list[int]:
+        """The ids the model continues: the prompt and every turn (the turns before `upto`: the
+        context turn `upto` was sampled from), with `fold` every documents turn but the last one
+        in its stub form (shown in full for the turn right after it only)."""
         ids = list(self.prompt_ids or [])
-        last = self._last_documents_turn() if self.fold else None
-        for i, t in enumerate(self.turns):
+        turns = self.turns if upto is None else self.turns[:upto]
+        last = self._last_documents_turn(len(turns)) if self.fold else None
+        for i, t in enumerate(turns):
             folded = self.fold and t.stub_ids is not None and i != last
             ids.extend((t.stub_ids if folded else t.ids) or [])
         return ids
@@ -93,8 +95,9 @@ class Trajectory:
             parts.append(t.stub_text if self.fold and t.stub_text is not None and i != last else t.text)
         return "".join(parts)
 
-    def _last_documents_turn(self) -> int | None:
-        return next((i for i in range(len(self.turns) - 1, -1, -1) if self.turns[i].stub_text is not None), None)
+    def _last_documents_turn(self, upto: int | None = None) -> int | None:
+        end = len(self.turns) if upto is None else upto
+        return next((i for i in range(end - 1, -1, -1) if self.turns[i].stub_text is not None), None)
 
     def completion(self) -> tuple[list[int], list[int]]:
         """Joined completion ids and the mask: 1 on model tokens, 0 on environment tokens."""

@@ -27,6 +27,7 @@ def rollout_batch(
     mask_retrieved: bool = True,
     steps: list[list] | None = None,
     turns: bool = False,
+    fold: bool = False,
 ) -> dict:
     """TRL's rollout dict: ids and env_mask from the one span rule shared with SFT, except the
     final EOS: learned only where the model sampled it (`eos_rule="sampled"`), never the one
@@ -35,7 +36,24 @@ def rollout_batch(
     (the final EOS keeps its own rule).
     `steps` (per-step credit): each trajectory's [turn index, process reward] pairs
     (`RewardScorer.score_steps`), returned as `step_credit` token spans (`step_spans`).
-    `turns` (ppo_unit=step): each model turn's token span, as `turn_spans` (`turn_spans`)."""
+    `turns` (ppo_unit=step): each model turn's token span, as `turn_spans` (`turn_spans`).
+    `fold` (context: fold): TRL gets each trajectory's last model turn as its row (the context it
+    was sampled from, then its tokens), and `fold_rows` every turn's row (r3rag.rl.fold_rows)."""
+    if fold:
+        from r3rag.rl.fold_rows import turn_rows
+
+        rows = [turn_rows(t, eos_id) for t in trajs]
+        last = [r[-1] for r in rows]
+        return {
+            "prompt_ids": [r["prompt_ids"] for r in last],
+            "completion_ids": [r["completion_ids"] for r in last],
+            "logprobs": [r["logprobs"] for r in last],
+            "env_mask": [r["env_mask"] for r in last],
+            "pred_answer": [t.answer for t in trajs],
+            "finish_reason": [t.finish_reason for t in trajs],
+            "num_searches": [len(t.retrieved) for t in trajs],
+            "fold_rows": rows,
+        }
     pairs = [completion_with_eos(t, eos_id, max_completion_tokens, eos_rule="sampled") for t in trajs]
     logprobs = [completion_logprobs(t, eos_id, len(ids)) for t, (ids, _) in zip(trajs, pairs)]
     if not mask_retrieved:

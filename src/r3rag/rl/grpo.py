@@ -138,6 +138,7 @@ def make_rollout_func(
             cfg.mask_retrieved,
             steps if scorer.step_credit else None,
             turns=cfg.ppo_unit == "step",
+            fold=cfg.context == "fold",
         )
         # The refilled groups' prompt_ids are what TRL trains on; its own `prompts` list only feeds its logs.
         return {**batch, "scores": scores, "timing": timing, "sampling": sampling}
@@ -305,6 +306,8 @@ def build_trainer(
     check_settings(cfg)
     funcs, weights = trl_reward_funcs(scorer)
     cfg = replace(cfg, vllm=resolve_vllm(cfg.vllm))  # "auto" -> the backend this machine has
+    if cfg.vllm and cfg.context == "fold":
+        raise UserError("rl.context=fold: vLLM rollouts of folded trajectories are not built yet; set rl.vllm=''")
     vllm = trl_vllm_flags(cfg) if cfg.vllm else {}
     per_device = per_device_batch(cfg)
     if cfg.dynamic_sampling and per_device * cfg.steps_per_generation * cfg.grad_accum % cfg.num_generations:

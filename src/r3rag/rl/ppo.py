@@ -77,10 +77,7 @@ class R3ragPPOTrainer(R3ragGRPOTrainer):
         finally:
             self.beta = beta
 
-    def _generate_and_score_completions(self, inputs):
-        out = super()._generate_and_score_completions(inputs)
-        if not self.model.training:
-            return out
+    def _advantages(self, out: dict, inputs) -> dict:
         mask = out["completion_mask"] * out["tool_mask"] if "tool_mask" in out else out["completion_mask"]
         mask = mask.float()
         rewards = self._trajectory_rewards()  # every process's

@@ -121,12 +121,17 @@ def check_settings(cfg: GRPOSettings) -> None:
         )
     check_algorithm(cfg)
     check_env_settings(cfg, "rl")
-    if cfg.context == "fold":
+    if cfg.context == "fold" and cfg.algorithm not in ("grpo", "rloo"):
         raise UserError(
-            "rl.context=fold: training on folded trajectories (each turn a row of its own context) is not "
-            "built yet; train with keep_all (rl.max_context_tokens still bounds the context) and evaluate "
-            "with eval.context=fold"
+            f"rl.context=fold: {cfg.algorithm}'s rows of a folded trajectory (one per turn) are not built yet; "
+            "use algorithm grpo or rloo, or context keep_all"
         )
+    if cfg.context == "fold" and (cfg.process_credit == "step" or cfg.dynamic_sampling):
+        raise UserError(
+            "rl.context=fold: one advantage per trajectory; set process_credit=trajectory and dynamic_sampling=false"
+        )
+    if cfg.context == "fold" and cfg.vllm not in ("", "auto"):
+        raise UserError("rl.context=fold: vLLM rollouts of folded trajectories are not built yet; set rl.vllm=''")
     if cfg.process_credit == "step" and cfg.loss_type not in TOKEN_LEVEL_LOSSES:
         raise UserError(
             f"rl.process_credit=step: loss_type {cfg.loss_type} weighs whole sequences; use one of "

@@ -50,7 +50,8 @@ from trl import GRPOTrainer, SFTTrainer
 SMALL_VOCAB = 32_768
 LOGPS_ROWS = 32  # rows per forward pass once sorted by length (benchmarks/grpo_padding.py)
 PLAIN_KWARGS = {"batch_size", "compute_entropy", "compute_aux_loss"}
-ROW_FIELDS = ("step_credit", "turn_spans")  # per-row token spans the rollout function returns (r3rag.rl.batch)
+# per-row token spans (r3rag.rl.batch) and a folded trajectory's rows (r3rag.rl.fold_rows) the rollout function returns
+ROW_FIELDS = ("step_credit", "turn_spans", "fold_rows")
 
 
 class FastSFTTrainer(SFTTrainer):
@@ -192,7 +193,19 @@ class R3ragGRPOTrainer(ResumableGRPOTrainer):
 
     def _generate_and_score_completions(self, inputs):
         out = super()._generate_and_score_completions(inputs)
-        if not self.step_credit_weight or not self.model.training:
+        if not self.model.training:
+            return out
+        out = self._advantages(out, inputs)
+        if self.row_extras.get("fold_rows"):  # context: fold: one row per model turn (r3rag.rl.fold_rows)
+            from r3rag.rl.fold_rows import expand
+
+            out = expand(self, out, self.row_extras["fold_rows"])
+        return out
+
+    def _advantages(self, out: dict, inputs) -> dict:
+        """The batch with its advantages: GRPO's from TRL, plus per-step credit where it is on
+        (r3rag.rl.ppo's trainer puts its algorithm's here instead)."""
+        if not self.step_credit_weight:
             return out
         from accelerate.utils import gather_object
 
