@@ -97,3 +97,31 @@ def test_chat_template_wraps_the_prompt():
     proto = Protocol(template="minimal", chat=True)
     assert proto.context_prompt("Why?", Tok()) == "<|user|>Question : Why?\n<|assistant|>"
     assert Protocol(template="minimal").context_prompt("Why?", Tok()) == "Question : Why?\n"  # chat off
+
+
+def test_backend_auto_takes_vllm_where_installed_and_the_eval_repays_its_start(monkeypatch):
+    """eval.backend=auto: vLLM when it is installed, the eval has AUTO_VLLM_QUESTIONS questions or
+    more and its model systems share one set of weights (one engine); transformers otherwise."""
+    import importlib.util
+    from pathlib import Path
+    from types import SimpleNamespace
+
+    from r3rag.stages.eval import AUTO_VLLM_QUESTIONS, Config, resolve_backend, system_specs
+
+    find_spec = importlib.util.find_spec
+    installed = {"vllm": True}
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: (object() if installed["vllm"] else None) if name == "vllm" else find_spec(name, *a),
+    )
+    policies = {"sft": SimpleNamespace(path=Path("/runs/sft/a")), "rl": SimpleNamespace(path=Path("/runs/rl/b"))}
+    one = Config(systems=["rl"], backend="auto")
+    assert resolve_backend(one, system_specs(one), policies, AUTO_VLLM_QUESTIONS) == "vllm"
+    assert resolve_backend(one, system_specs(one), policies, AUTO_VLLM_QUESTIONS - 1) == "transformers"
+    two = Config(systems=["sft", "rl"], backend="auto")  # two sets of weights: one engine cannot hold both
+    assert resolve_backend(two, system_specs(two), policies, 1000) == "transformers"
+    named = Config(systems=["rl"], backend="transformers")
+    assert resolve_backend(named, system_specs(named), policies, 1000) == "transformers"
+    installed["vllm"] = False
+    assert resolve_backend(one, system_specs(one), policies, 1000) == "transformers"

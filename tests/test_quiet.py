@@ -17,7 +17,7 @@ import sys
 
 import pytest
 
-from r3rag.util.quiet import LIBRARY_ENV
+from r3rag.util.quiet import LIBRARY_ENV, STREAM_ENV
 from tests.conftest import build_teacher_data
 
 # What the libraries print on their own: transformers' weight bars, datasets' map bars
@@ -28,7 +28,7 @@ NOISE = ("Loading weights", "Writing model shards", "examples/s", "it/s", "Futur
 def clean_env() -> dict[str, str]:
     """This process's environment without the variables `quiet.configure` sets: a CLI test run
     in-process before (tests/cli_helpers.r3rag_inprocess) leaves them here for every child."""
-    return {k: v for k, v in os.environ.items() if k not in LIBRARY_ENV}
+    return {k: v for k, v in os.environ.items() if k not in LIBRARY_ENV and k not in STREAM_ENV}
 
 
 def run_python(code: str) -> subprocess.CompletedProcess:
@@ -179,3 +179,14 @@ def test_loading_a_policy_shows_no_weight_bar_unless_verbose(sft_runs):
     assert "eval: wrote " in quiet.stderr
     verbose = r3rag(sft_runs, "--verbose", stage="eval", settings=TINY_EVAL, seed=2)
     assert "Loading weights" in verbose.stderr, verbose.stderr
+
+
+@pytest.mark.parametrize("verbose", [False, True])
+def test_vllm_logs_to_stderr_verbose_or_not_and_only_errors_when_quiet(verbose):
+    """stdout is the artifact's path: vLLM (which logs to stdout by default, its shutdown warning
+    included) is pointed at stderr before it is imported, and kept to errors unless --verbose."""
+    code = f"from r3rag.util import quiet; quiet.configure(verbose={verbose}); import os; "
+    code += "print(os.environ.get('VLLM_LOGGING_STREAM'), os.environ.get('VLLM_LOGGING_LEVEL'))"
+    stream, level = run_python(code).stdout.split()
+    assert stream == "ext://sys.stderr"
+    assert level == ("None" if verbose else "ERROR")

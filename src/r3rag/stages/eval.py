@@ -88,7 +88,9 @@ class Config(EnvSettings, QuestionSource):  # top_k, max_turns, max_new_tokens; 
     batch_size: int = 128  # sequences per generate call; hashed: sampled draws depend on the batches
     # transformers systems: compiled static-cache decoding (GPUs); how to decode, not what is measured (same tokens)
     static_cache: bool = unhashed(False)
-    backend: Literal["transformers", "vllm"] = "transformers"  # vllm: model systems use an in-process vLLM engine
+    # vllm: model systems use an in-process vLLM engine; auto: vLLM where it is installed and the eval is
+    # large enough (AUTO_VLLM_QUESTIONS) to repay the engine's start, else transformers
+    backend: Literal["transformers", "vllm", "auto"] = "transformers"
     # backend=vllm: the engine's size (how to run, not what is measured; see r3rag.generation.vllm.EngineSettings)
     vllm_max_model_len: int = unhashed(0)  # longest trajectory in tokens (0: the model's context length)
     vllm_gpu_memory: float = unhashed(0.9)  # on a GPU: the share of its memory the engine takes
@@ -132,7 +134,8 @@ def run(cfg: Config, ctx: Context):
     set_threads(cfg.threads)
     questions = cfg.read_questions(inputs)
     judge = AnswerJudge.from_spec(cfg.judge, "eval.judge") if cfg.judge.endpoint else None
-    check_vllm_weights(cfg, specs, policies)
+    backend = resolve_backend(cfg, specs, policies, len(questions))
+    check_vllm_weights(backend, specs, policies)
     engines = EnginePool(EngineSettings(cfg.vllm_max_model_len, cfg.vllm_gpu_memory, cfg.vllm_kv_cache_gb))
     with Journal(journal_file(writer.final)) as journal, writer:
         t0, chunks = time.time(), EvalChunks(journal)
@@ -144,7 +147,7 @@ def run(cfg: Config, ctx: Context):
                 policies[label].path if label in policies else None,
                 cfg.batch_size,
                 cfg.static_cache,
-                cfg.backend,
+                backend,
                 engines,
             )
             for r_label, r_ref in (retrievers if system.mode != "gold" else {"": None}).items():
@@ -172,6 +175,8 @@ def run(cfg: Config, ctx: Context):
         seconds = stage_seconds(inputs)
         seconds["eval"] = round(time.time() - t0, 1)
         metrics = {"systems": results, "seconds": seconds, "dataset": dataset_name(cfg, inputs)}
+        if cfg.backend == "auto":  # which one auto chose (a named backend is in the config)
+            metrics["backend"] = backend
         metrics["comparisons"] = paired_comparisons(predictions, cfg.compare_to)
         (writer.dir / "metrics.json").write_text(json.dumps(metrics, indent=2))
         (writer.dir / "table.md").write_text(dataset_table(results) + "\n" + comparison_table(metrics["comparisons"]))
@@ -200,15 +205,36 @@ def model_artifacts(specs: dict[str, SystemSpec], ctx: Context) -> dict[str, Art
     }
 
 
-def check_vllm_weights(cfg: Config, specs: dict[str, SystemSpec], policies: dict) -> None:
-    """`backend: vllm` runs one set of weights per eval: a vLLM engine takes most of the GPU's memory."""
-    if cfg.backend != "vllm":
-        return
-    weights = {
+AUTO_VLLM_QUESTIONS = 100  # backend=auto: the fewest questions for which vLLM's engine start pays back
+
+
+def resolve_backend(cfg: Config, specs: dict[str, SystemSpec], policies: dict, n_questions: int) -> str:
+    """The backend the model systems run on: `cfg.backend`, or for `auto` vLLM where it is installed,
+    the eval has at least AUTO_VLLM_QUESTIONS questions and its model systems share one set of
+    weights (one engine), else transformers. The manifest's metrics.json records which."""
+    if cfg.backend != "auto":
+        return cfg.backend
+    import importlib.util
+
+    weights = _model_weights(specs, policies)
+    if importlib.util.find_spec("vllm") is None or not weights or n_questions < AUTO_VLLM_QUESTIONS:
+        return "transformers"
+    return "vllm" if len(set(weights.values())) == 1 else "transformers"
+
+
+def _model_weights(specs: dict[str, SystemSpec], policies: dict) -> dict:
+    return {
         label: weights_source(spec, policies[label].path if label in policies else None)
         for label, spec in specs.items()
         if not spec.endpoint and not spec.scripted
     }
+
+
+def check_vllm_weights(backend: str, specs: dict[str, SystemSpec], policies: dict) -> None:
+    """`backend: vllm` runs one set of weights per eval: a vLLM engine takes most of the GPU's memory."""
+    if backend != "vllm":
+        return
+    weights = _model_weights(specs, policies)
     if len(set(weights.values())) > 1:
         raise UserError(
             f"eval.backend=vllm: one set of weights per eval (each vLLM engine takes most of the GPU); "

@@ -35,9 +35,13 @@ LIBRARY_ENV = {
     "ACCELERATE_LOG_LEVEL": "error",  # loggers made by accelerate.logging.get_logger: accelerate's and TRL's
     # Plain tqdm bars the switches above miss (transformers' GGUF conversion); r3rag's own bars are rich.
     "TQDM_DISABLE": "1",
-    # vLLM logs each engine start in ~60 INFO lines (its engine core, a spawned process, reads this too).
-    "VLLM_LOGGING_LEVEL": "WARNING",
+    # vLLM logs each engine start in ~60 INFO lines (its engine core, a spawned process, reads this
+    # too), and warns at each shutdown that it force-killed its engine core: errors only.
+    "VLLM_LOGGING_LEVEL": "ERROR",
 }
+# Whatever vLLM logs goes to stderr, verbose or not: stdout is the artifact's path, what scripts read
+# (vLLM's default is stdout). Its engine core, a spawned process, reads this too.
+STREAM_ENV = {"VLLM_LOGGING_STREAM": "ext://sys.stderr"}
 LIBRARY_LOGGERS = ("transformers", "trl", "datasets", "accelerate", "huggingface_hub", "peft", "torch")
 # UserWarnings raised inside these packages are theirs to fix, not the user's; ours (r3rag.*) still show.
 LIBRARY_MODULES = r"(torch|transformers|trl|datasets|accelerate|peft|huggingface_hub)(\.|$)"
@@ -53,6 +57,8 @@ def configure(verbose: bool) -> None:
     """Verbose: leave every library as it is. Else silence their bars, warnings and logging."""
     global _verbose
     _verbose = verbose
+    for key, value in STREAM_ENV.items():
+        os.environ.setdefault(key, value)
     if verbose:
         return
     for key, value in LIBRARY_ENV.items():
