@@ -15,7 +15,7 @@ import yaml
 
 from r3rag.core.build_lock import ArtifactBusy, BuildLock
 from r3rag.experiments.pipeline import run_stage
-from r3rag.experiments.status import status_file
+from r3rag.experiments.status.stages import status_file
 from r3rag.stages.common import NotBuilt
 from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
 from tests.conftest import TINY_WORLD

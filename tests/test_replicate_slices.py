@@ -1,4 +1,4 @@
-"""An experiment run slice by slice (r3rag.experiments.slices: cut, file, merge; slice_status): each
+"""An experiment run slice by slice (r3rag.experiments.slices: cut, file, merge; status.slices): each
 slice's results file, its merge into the results file the whole run would write, `--status`, bad
 files and a slice run twice. Stand-in eval artifacts (metrics.json, predictions.jsonl, manifests)
 take the place of trained ones: nothing here trains, every test runs in about a second."""
@@ -281,7 +281,7 @@ def _git(*args: str) -> None:
 
 def test_status_lists_committed_written_stale_and_missing_slices_and_the_hours_left(tiny):
     from r3rag.experiments.pipeline import load_pipeline
-    from r3rag.experiments.slice_status import slice_rows
+    from r3rag.experiments.status.slices import slice_rows
 
     _git("init", "-q")
     committed = _write_slice(tiny.path, tiny.built, "grpo-s0")

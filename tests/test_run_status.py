@@ -14,7 +14,7 @@ from tests.conftest import TINY_WORLD
 
 
 def _status(path, runs) -> dict[str, str]:
-    from r3rag.experiments.status import status_file
+    from r3rag.experiments.status.stages import status_file
 
     return {r["stage"]: r["state"] for r in status_file(path, [], runs)}
 
@@ -61,7 +61,7 @@ def test_an_experiment_variant_waits_for_the_variant_it_names(tmp_path):
 
 @pytest.mark.parametrize("stage", ["rl", "sft"])
 def test_a_run_with_checkpoints_is_in_progress(tmp_path, stage):
-    from r3rag.experiments.status import _unbuilt
+    from r3rag.experiments.status.stages import _unbuilt
 
     final = tmp_path / stage / "x-abc"
     missing = NotBuilt(stage, "x-abc", final, SimpleNamespace())
@@ -75,7 +75,7 @@ def test_a_run_with_checkpoints_is_in_progress(tmp_path, stage):
 
 
 def test_a_synthesize_or_eval_with_a_journal_is_in_progress(tmp_path):
-    from r3rag.experiments.status import _unbuilt
+    from r3rag.experiments.status.stages import _unbuilt
 
     missing = NotBuilt("eval", "e-abc", tmp_path / "eval" / "e-abc", SimpleNamespace())
     journal = tmp_path / "eval" / ".journal-e-abc.jsonl"
@@ -89,7 +89,7 @@ def test_a_synthesize_or_eval_with_a_journal_is_in_progress(tmp_path):
 def test_time_left_counts_each_left_stage_by_the_same_stage_at_another_seed():
     """main#s1 takes what main#s0 took; a checkpointed run the part left; dev's sft is main's
     artifact at seed 0, so dev#s1's is main#s1's and counts nothing; no sibling, no figure."""
-    from r3rag.experiments.status import time_left
+    from r3rag.experiments.status.stages import time_left
 
     def row(stage, state, detail="", **extra):
         return {"stage": stage, "state": state, "detail": detail, **extra}
@@ -142,7 +142,7 @@ def _eval_ref(folder: Path, system: str, ems: list[float]) -> SimpleNamespace:
 def test_results_so_far_are_over_the_finished_seeds_and_say_how_many(tmp_path):
     """--status on a seeded experiment: each row over the seeds whose eval exists, its
     comparisons paired over the same questions; rows with no finished seed are named, not shown."""
-    from r3rag.experiments.results_so_far import so_far_markdown
+    from r3rag.experiments.status.so_far import so_far_markdown
 
     experiment = {
         "table": {

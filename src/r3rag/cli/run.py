@@ -105,11 +105,11 @@ def _status(pipeline: Path, overrides: list[str], runs_dir: Path | None, slice_n
 
     data = load_pipeline(pipeline)
     if data.get("slices") and slice_name is None:
-        from r3rag.experiments.slice_status import print_slice_status
+        from r3rag.experiments.status.slices import print_slice_status
 
         return print_slice_status(pipeline, data)
-    from r3rag.experiments.results_so_far import print_so_far
-    from r3rag.experiments.status import file_status, print_status
+    from r3rag.experiments.status.so_far import print_so_far
+    from r3rag.experiments.status.stages import file_status, print_status
 
     rows, built, experiment = file_status(pipeline, overrides, runs_dir, slice_name)
     print_status(rows, pipeline)

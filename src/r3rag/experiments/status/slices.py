@@ -1,15 +1,16 @@
 """`r3rag run FILE --status` for an experiment with slices: which are committed, which are left.
 
-Per slice (r3rag.experiments.slices.cut), from its files (r3rag.experiments.slices.file) and git, not from the runs directory
-(a new machine has none): `committed` (its current file is in git's HEAD, unchanged), `written`
-(the file is there but not committed yet: commit it before the machine can go), `stale` (its file
-records other settings: rerun it), `missing`. A committed slice shows its build minutes from
-nothing and the machine; one over ~100 min (r3rag.experiments.slices.cut.MAX_MINUTES) is marked, to be split. The
-hours left are each slice not yet done, at the median build minutes of the committed slices of its
-kind (the same name before `{seed}` is filled) where there are, else at the pipeline's `minutes`
-estimate; each counted from nothing, so where one machine runs several slices that share a cold
-start the real time is less. Then the table and comparisons over the slices there are (rows over
-the seeds done say "1 of 3 seeds"), from the files: the interim figures that outlive a machine.
+Per slice (r3rag.experiments.slices.cut), from its files (r3rag.experiments.slices.file) and git,
+not from the runs directory (a new machine has none): `committed` (its current file is in git's
+HEAD, unchanged), `written` (the file is there but not committed yet: commit it before the machine
+can go), `stale` (its file records other settings: rerun it), `missing`. A committed slice shows
+its build minutes from nothing and the machine; one over ~100 min
+(r3rag.experiments.slices.cut.MAX_MINUTES) is marked, to be split. The hours left are each slice
+not yet done, at the median build minutes of the committed slices of its kind (the same name
+before `{seed}` is filled) where there are, else at the pipeline's `minutes` estimate; each
+counted from nothing, so where one machine runs several slices that share a cold start the real
+time is less. Then the table and comparisons over the slices there are (rows over the seeds done
+say "1 of 3 seeds"), from the files: the interim figures that outlive a machine.
 
 Usage:
     rows = slice_rows(path, load_pipeline(path))       # [] when the pipeline declares no slices
@@ -86,7 +87,7 @@ def _committed(folder: Path) -> set[str] | None:
 
 
 def print_slice_status(path: Path, data: dict) -> None:
-    from r3rag.experiments.status import print_states
+    from r3rag.experiments.status.stages import print_states
 
     rows = slice_rows(path, data)
     if not rows:

@@ -7,7 +7,7 @@ label), each comparison whose two rows have a finished seed, paired over the sam
 the final table's. Nothing is written: the figures a reader should quote come from the finished run.
 
 Usage:
-    rows, built, experiment = r3rag.experiments.status.file_status(path, overrides, runs_dir)
+    rows, built, experiment = r3rag.experiments.status.stages.file_status(path, overrides, runs_dir)
     print_so_far(path, experiment, built)        # prints nothing while no row has a finished seed
 """
 

@@ -13,8 +13,9 @@ run, and one that another variant builds too (the same artifact at the seeds tha
 nothing; a stage V has not run at any seed yet takes, roughly, what that stage took in the other
 variants.
 
-An experiment with slices (r3rag.experiments.slices.cut) shows its slices instead (r3rag.experiments.slice_status); with
-`--slice NAME`, this view of that slice's stages on this machine.
+An experiment with slices (r3rag.experiments.slices.cut) shows its slices instead
+(r3rag.experiments.status.slices); with `--slice NAME`, this view of that slice's stages on this
+machine.
 
 Usage:
     r3rag run pipelines/demo.yaml --status
