@@ -374,6 +374,10 @@ def build_trainer(
             set_seed(cfg.seed)  # the fresh value head's initial weights are the run's
             critic = build_critic(model)  # before any step moves the policy
         trainer = R3ragPPOTrainer(**common, algo=cfg, critic=critic)
+    if cfg.context == "fold":
+        from r3rag.rl.fold_rows import expand
+
+        trainer.expand_rows = expand  # one row per model turn of each folded trajectory
     if dev:
         dev.trainer = trainer
     return trainer

@@ -23,7 +23,7 @@ resumed in epoch e builds a fresh sampler, which would deal epoch 0's order agai
 restores the global RNG states, not a sampler's own generator). `EpochReplaySampler` draws
 epoch e's order from the seed and e alone, the same orders TRL draws in an unbroken run.
 
-`R3ragGRPOTrainer`: the resumable trainer `r3rag rl` builds, plus two things:
+`R3ragGRPOTrainer`: the resumable trainer `r3rag rl` builds, plus three things:
 - `extra_logs`: values merged into the next log line (the dev evaluation a callback runs
   between a step's end and that step's log), so metrics.jsonl, TensorBoard and W&B get them.
 - per-step credit (`step_credit_weight` W > 0, `rl.process_credit=step`): the rollout function
@@ -35,6 +35,8 @@ epoch e's order from the seed and e alone, the same orders TRL draws in an unbro
   `advantages` (TRL's comment there says subclasses may provide one);
   tests/test_rl_dynamics.py checks both against the installed TRL. Environment tokens keep
   `tool_mask` 0: whatever their advantage, they get no loss.
+- hooks for what r3rag.rl builds on it: `_advantages` (r3rag.rl.ppo's estimators replace GRPO's
+  there) and `expand_rows` (`context: fold`: each folded trajectory's rows, r3rag.rl.fold_rows).
 """
 
 from __future__ import annotations
@@ -175,6 +177,7 @@ class R3ragGRPOTrainer(ResumableGRPOTrainer):
         self.step_credit_weight = step_credit_weight
         self._spans: list[list] = []
         self.row_extras: dict[str, list] = {}  # this process's rows' token spans (ROW_FIELDS), last rollout
+        self.expand_rows = None  # context: fold: r3rag.rl.fold_rows.expand, which r3rag.rl.grpo sets
         if self.rollout_func is not None:
             inner = self.rollout_func
 
@@ -196,10 +199,8 @@ class R3ragGRPOTrainer(ResumableGRPOTrainer):
         if not self.model.training:
             return out
         out = self._advantages(out, inputs)
-        if self.row_extras.get("fold_rows"):  # context: fold: one row per model turn (r3rag.rl.fold_rows)
-            from r3rag.rl.fold_rows import expand
-
-            out = expand(self, out, self.row_extras["fold_rows"])
+        if self.row_extras.get("fold_rows"):  # context: fold: one row per model turn
+            out = self.expand_rows(self, out, self.row_extras["fold_rows"])
         return out
 
     def _advantages(self, out: dict, inputs) -> dict:
