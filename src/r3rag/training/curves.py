@@ -1,0 +1,96 @@
+"""Training curves across runs: how far each run fell below its own best, and one chart of all.
+
+Search-R1's stability claim (its Table 3: GRPO converges faster but its reward can collapse, PPO
+is steadier) is measured here on the curves slice files carry (r3rag.experiments.slices: each RL
+run's reward per step and dev EM where it was evaluated):
+
+- `largest_drop(values, window)`: the deepest fall of a curve below its best so far, after a
+  moving average over `window` points (training reward is noisy step to step; dev EM, evaluated a
+  few times, is taken as it is with window 1). 0 for a curve that never fell.
+- `stability(curves)`: both drops for every run.
+- `plot_curves(curves, png)`: training reward (smoothed) and dev EM per step, one colour per arm,
+  one line per seed.
+
+Usage:
+    curves = {"PPO": {"0": [{"step": 1, "reward": 0.2, "dev_em": 0.5}, ...], "1": [...]}, "GRPO": {...}}
+    stability(curves)    # {"PPO": {"0": {"reward_drop": 0.03, "dev_em_drop": 0.0}, ...}, ...}
+    plot_curves(curves, Path("docs/replicate-ppo-curves.png"), title="...")
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+REWARD_WINDOW = 10  # steps the training reward is averaged over before its drop is read
+
+
+def smoothed(values: list[float], window: int) -> list[float]:
+    """Trailing moving average (the first points average what there is)."""
+    out, total = [], 0.0
+    for i, v in enumerate(values):
+        total += v
+        if i >= window:
+            total -= values[i - window]
+        out.append(total / min(i + 1, window))
+    return out
+
+
+def largest_drop(values: list[float], window: int = 1) -> float:
+    """The largest (best so far - value) over the smoothed curve: how far it fell below its own peak."""
+    best, drop = float("-inf"), 0.0
+    for v in smoothed(values, window):
+        best = max(best, v)
+        drop = max(drop, best - v)
+    return round(drop, 4)
+
+
+def _series(rows: list[dict], key: str) -> tuple[list[int], list[float]]:
+    pairs = [(r["step"], r[key]) for r in rows if r.get(key) is not None]
+    return [s for s, _ in pairs], [v for _, v in pairs]
+
+
+def stability(curves: dict[str, dict[str, list[dict]]]) -> dict[str, dict[str, dict[str, float]]]:
+    """{arm: {seed: {"reward_drop", "dev_em_drop", "best_dev_em", "last_dev_em"}}} for every run's curve."""
+    out: dict[str, dict[str, dict[str, float]]] = {}
+    for arm, runs in curves.items():
+        for seed, rows in runs.items():
+            _, reward = _series(rows, "reward")
+            _, dev = _series(rows, "dev_em")
+            out.setdefault(arm, {})[seed] = {
+                "reward_drop": largest_drop(reward, REWARD_WINDOW),
+                "dev_em_drop": largest_drop(dev),
+                "best_dev_em": max(dev) if dev else None,
+                "last_dev_em": dev[-1] if dev else None,
+            }
+    return out
+
+
+def plot_curves(curves: dict[str, dict[str, list[dict]]], png: Path, title: str = "") -> bool:
+    """Training reward (moving average over REWARD_WINDOW steps) and dev EM per step, one colour per
+    arm and one line style per seed; False (a note, no file) without matplotlib."""
+    from r3rag.util.extras import pyplot_or_skip
+
+    plt = pyplot_or_skip(png.name)
+    if plt is None:
+        return False
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(8, 6.5), dpi=110, sharex=True)
+    styles = ["-", "--", ":", "-."]
+    for colour, (arm, runs) in enumerate(curves.items()):
+        for i, (seed, rows) in enumerate(sorted(runs.items())):
+            label = f"{arm}, seed {seed}"
+            steps, reward = _series(rows, "reward")
+            top.plot(steps, smoothed(reward, REWARD_WINDOW), styles[i % 4], color=f"C{colour}", label=label, lw=1.4)
+            steps, dev = _series(rows, "dev_em")
+            bottom.plot(steps, dev, styles[i % 4], color=f"C{colour}", marker="o", ms=3, lw=1.4)
+    top.set_ylabel(f"training reward\n(mean of {REWARD_WINDOW} steps)")
+    bottom.set_ylabel("dev EM")
+    bottom.set_xlabel("step")
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+    top.legend(fontsize=7, ncol=2, loc="best")
+    if title:
+        top.set_title(title)
+    fig.tight_layout()
+    fig.savefig(png, bbox_inches="tight")
+    plt.close(fig)
+    return True
