@@ -180,10 +180,10 @@ class EnvSettings:
     max_new_tokens: int = 48  # token budget per model turn
     # keep_all: every document stays in the context; fold: a search's documents are shown in full
     # for the next turn only, then as a stub (their titles): the model's notes carry what it read
-    context: ContextMode = hashed_when_set("keep_all")
+    context: ContextMode = hashed_when_set("keep_all", silent=True)
     # the most tokens a turn's context may hold, its max_new_tokens included (0: no such budget,
     # max_completion_tokens alone); a trajectory that would pass it ends with finish reason "context"
-    max_context_tokens: int = hashed_when_set(0)
+    max_context_tokens: int = hashed_when_set(0, silent=True)
 
     def env_config(self, mode: str = "iterative", max_completion_tokens: int = 1024, top_k: int = 0) -> EnvConfig:
         """The loop's EnvConfig; `top_k` > 0 replaces the setting (a system's own depth)."""

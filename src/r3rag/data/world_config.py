@@ -46,8 +46,8 @@ class WorldConfig:
     # Long horizons (r3rag.data.world_long): [lo, hi] adds questions that need lo to hi searches
     # each (mentor chains; "founded first" and "how many founded before a year" over a list of
     # companies) and the mentor facts they read; [] (default): none, the world as before.
-    long_horizon: list[int] = hashed_when_set(default_factory=list)
-    long_per_count: int = hashed_when_set(8)  # long-horizon questions per type, search count and split
+    long_horizon: list[int] = hashed_when_set(default_factory=list, silent=True)
+    long_per_count: int = hashed_when_set(8, silent=True)  # long-horizon questions per type, search count and split
 
 
 def world_config_from(saved: dict) -> WorldConfig:

@@ -12,7 +12,6 @@ Usage (inside a stage's run):
 
 from __future__ import annotations
 
-import dataclasses
 import os
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -29,7 +28,7 @@ from r3rag.core.artifacts import (
     resolve,
 )
 from r3rag.core.build_lock import ArtifactBusy, BuildLock
-from r3rag.util.config import hashed_settings
+from r3rag.util.config import hashed_settings, recorded_settings
 from r3rag.util.errors import UserError
 from r3rag.util.jsonl import iter_numbered, read_jsonl, unique_by_id
 
@@ -90,7 +89,7 @@ class Context:
         # settings declared with `config.unhashed` (how to run: threads, resume, logging) not at all.
         hashed = {k: v for k, v in hashed_settings(cfg).items() if k not in input_fields}
         w = ArtifactWriter(stage, cfg.name, hashed, inputs, self.runs_dir, seed=getattr(cfg, "seed", None))
-        w.config = dataclasses.asdict(cfg)
+        w.config = recorded_settings(cfg)
         self.writers.append(w)
         if self.status_only and not w.existing:
             raise NotBuilt(w.stage, w.id, w.final, cfg)

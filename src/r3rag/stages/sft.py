@@ -90,7 +90,7 @@ class Config:
     view: Literal["trajectory", "step"] = "trajectory"  # step: one sample per step (R3-RAG)
     # fold (with view: step): each step's sample holds the context env.context: fold showed it, every
     # search's documents but the last one's as their stub; keep_all: every document in full
-    context: Literal["keep_all", "fold"] = hashed_when_set("keep_all")
+    context: Literal["keep_all", "fold"] = hashed_when_set("keep_all", silent=True)
     limit: int = 0  # 0 = all trajectories
     bf16: bool | str = "auto"  # true, false or auto (bf16 where supported)
     # recompute each layer's activations in the backward pass: the same weights in less memory, a

@@ -109,11 +109,25 @@ def unhashed(default: Any = dataclasses.MISSING, *, default_factory: Any = datac
     return dataclasses.field(default=default, default_factory=default_factory, metadata={"hashed": False})
 
 
-def hashed_when_set(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING):
+def hashed_when_set(default: Any = dataclasses.MISSING, *, default_factory: Any = dataclasses.MISSING, silent=False):
     """A dataclass field for a setting added after artifacts were built without it: while it holds
     its default it stays out of the config hash, so those artifacts keep their ids (a long
-    replication resumes across code changes); set to anything else, it enters the hash as usual."""
-    return dataclasses.field(default=default, default_factory=default_factory, metadata={"hashed": "when_set"})
+    replication resumes across code changes); set to anything else, it enters the hash as usual.
+    `silent`: at its default it is not written to the artifact's config.yaml either
+    (`recorded_settings`), so the artifact's files, its content hash and every id downstream of it
+    stay byte for byte what they were (the fields added before this existed stay recorded)."""
+    meta = {"hashed": "when_set", **({"silent": True} if silent else {})}
+    return dataclasses.field(default=default, default_factory=default_factory, metadata=meta)
+
+
+def recorded_settings(cfg) -> dict:
+    """`dataclasses.asdict(cfg)` as the artifact's config.yaml records it: without the `silent`
+    settings that hold their defaults."""
+    out = dataclasses.asdict(cfg)
+    for f in dataclasses.fields(cfg):
+        if f.metadata.get("silent") and getattr(cfg, f.name) == _default(f):
+            out.pop(f.name)
+    return out
 
 
 def unhashed_since_built(default: Any):
