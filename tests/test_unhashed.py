@@ -103,3 +103,14 @@ def test_a_setting_unhashed_since_built_keeps_the_ids_built_with_it():
 
     assert hashed_settings(Now(url="http://h:1")) == hashed_settings(Now()) == hashed_settings(Then())
     assert hashed_settings(Now(lr=1e-4)) != hashed_settings(Now())
+
+
+def test_a_silent_setting_at_its_default_is_not_recorded_and_is_when_set():
+    """Settings added with hashed_when_set(silent=True) leave an old artifact's config.yaml (and so
+    its content hash and every id downstream) as it was while at their defaults."""
+    from r3rag.stages.rl import Config
+    from r3rag.util.config import recorded_settings
+
+    assert "algorithm" not in recorded_settings(Config()) and "kl_coef" not in recorded_settings(Config())
+    assert recorded_settings(Config(algorithm="ppo"))["algorithm"] == "ppo"
+    assert "steps" in recorded_settings(Config())  # every other setting as before

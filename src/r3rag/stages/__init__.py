@@ -36,7 +36,7 @@ STAGES = {
     "synthesize": "`r3rag synthesize`: teacher trajectories for the SFT cold start (R3-RAG's attempt loop).",
     "base": "`r3rag base`: a small base model pretrained on world text, for a LoRA cold start like real runs.",
     "sft": "`r3rag sft`: supervised cold start on teacher trajectories with TRL's SFTTrainer.",
-    "rl": "`r3rag rl`: GRPO with TRL's GRPOTrainer and a multi-turn `rollout_func`.",
+    "rl": "`r3rag rl`: GRPO (or PPO with a critic, RLOO, REINFORCE++: `algorithm`, r3rag.rl.ppo) with\nTRL's GRPOTrainer and a multi-turn `rollout_func`.",
     "eval": "`r3rag eval`: EM/F1 of several systems on held-out questions, through the same rollout loop.",
     "report": "`r3rag report`: one table over several eval artifacts, plus a bar chart and a trajectory viewer.",
 }
