@@ -212,6 +212,26 @@ def test_the_cut_arms_run_in_slices_from_the_cold_starts_they_start_from():
     assert cold["variants"]["cold#s2"]["stages"] == COLD and list(cold["table"].values()) == ["cold#s2/sft"]
 
 
+def test_the_ppo_arms_run_beside_the_grpo_arm_they_are_compared_with():
+    """replicate-ppo.yaml: PPO and REINFORCE++ at every seed and world, each slice <= 100 min holding
+    the cold start and GRPO arm its paired claims compare with, the same budget but no DAPO refills."""
+    from r3rag.experiments.pipeline import load_pipeline
+    from r3rag.experiments.slices.cut import load_slices, slice_experiment
+
+    path = ROOT / "pipelines" / "replicate-ppo.yaml"
+    experiment, slices = load_slices(path, load_pipeline(path))
+    assert len(slices) == 6 and all(s["minutes"] <= 100 for s in slices.values())  # 2 worlds x 3 seeds
+    w1 = slice_experiment(path, experiment, slices["p-w1-s1"])
+    assert set(w1["variants"]) == {"main#s1", "ppo#s1", "rpp#s1"}
+    sets = {v: " ".join(spec.get("set") or []) for v, spec in w1["variants"].items()}
+    assert "rl.algorithm=ppo" in sets["ppo#s1"] and "rl.dynamic_sampling=false" in sets["ppo#s1"]
+    assert "rl.algorithm" not in sets["main#s1"]  # GRPO as replicate.yaml runs it
+    w2 = slice_experiment(path, experiment, slices["p-w2-s0"])
+    assert all("world.seed=2" in " ".join(spec.get("set") or []) for spec in w2["variants"].values())
+    claims = [c["claim"] for c in load_pipeline(path)["compare"]]
+    assert {"PPO beats GRPO (world seed 1)", "REINFORCE++ beats GRPO (world seed 1)"} <= set(claims)
+
+
 def test_a_slice_file_holds_every_outcome_and_is_written_atomically(tiny, monkeypatch):
     rl_dir = tiny.built["main#s0"]["rl"].path
     rl_dir.mkdir(parents=True, exist_ok=True)
