@@ -78,6 +78,8 @@ class R3ragPPOTrainer(R3ragGRPOTrainer):
             self.beta = beta
 
     def _advantages(self, out: dict, inputs) -> dict:
+        """TRL's batch with this algorithm's advantages (and, for ppo, the rollout's values and the
+        returns the critic regresses on) in place of GRPO's."""
         mask = out["completion_mask"] * out["tool_mask"] if "tool_mask" in out else out["completion_mask"]
         mask = mask.float()
         rewards = self._trajectory_rewards()  # every process's
