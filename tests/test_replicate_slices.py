@@ -456,3 +456,35 @@ def test_committed_results_files_are_the_merge_of_their_committed_slices(monkeyp
         committed = json.loads(folder.with_suffix(".json").read_text())
         merged = json.loads(json.dumps(merge(pipeline, load_pipeline(pipeline)), default=str))
         assert merged["rows"] == committed["rows"] and merged["comparisons"] == committed["comparisons"], folder
+
+
+def test_merged_slices_carry_each_rl_runs_curve_and_its_stability_block(tiny, tmp_path):
+    """Slices whose RL runs logged a curve: the merge keeps each row's curve per seed and their
+    largest drops; a `stability` docs block renders them and draws every run's curve."""
+    from r3rag.experiments.pipeline import load_pipeline
+    from r3rag.experiments.results.docs import update_docs
+    from r3rag.experiments.slices.merge import merge
+
+    for seed, dip in ((0, 0.3), (1, 0.0)):
+        rl = tiny.built[f"main#s{seed}"]["rl"].path
+        rl.mkdir(parents=True, exist_ok=True)
+        rows = [
+            {"step": 1, "reward": 0.5, "dev/em": 0.6},
+            {"step": 2, "reward": 0.5 - dip},
+            {"step": 3, "reward": 0.6, "dev/em": 0.6 - dip},
+        ]
+        (rl / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    _all_slices(tiny)
+    merged = merge(tiny.path, load_pipeline(tiny.path))
+    label = GRPO  # an RL row: its curve at both seeds (no curve for the SFT rows)
+    assert SFT not in merged["curves"] and set(merged["curves"][label]) == {"0", "1"}
+    assert merged["stability"][label]["0"]["dev_em_drop"] == pytest.approx(0.3)
+    assert merged["stability"][label]["1"]["dev_em_drop"] == 0.0
+    Path("results/tiny.json").write_text(json.dumps(merged, default=str))
+    doc = Path("doc.md")
+    doc.write_text("<!-- r3rag:results results/tiny.json stability chart=curves.png -->\n<!-- /r3rag:results -->\n")
+    update_docs([doc], Path("."), results=[Path("results/tiny.json")])
+    text = doc.read_text()
+    assert f"| {label} | 0 |" in text and "| 0.300 |" in text
+    png = Path("curves.png")
+    assert not png.exists() or png.read_bytes()[:4] == b"\x89PNG"

@@ -10,8 +10,11 @@ two marker lines; only the text between them is rewritten:
 The opening marker names a results file (r3rag.experiments.results.file; relative to the repository root,
 where `r3rag report` runs) and one of its tables (`all`: every row; other names come from the
 pipeline's `results.tables`; `comparisons`: the experiment's paired comparisons,
-r3rag.experiments.results.compare; `claims`: the same, each claim a sentence saying whether it stands), then options: `chart=PATH` also writes that PNG (EM per row with its
-95% interval, r3rag.experiments.results.table.plot) from the same rows. Markers are HTML comments, so neither
+r3rag.experiments.results.compare; `claims`: the same, each claim a sentence saying whether it stands;
+`stability`: each RL row's largest drops below its own best, per seed, from the slices' training
+curves, r3rag.training.curves), then options: `chart=PATH` also writes that PNG (EM per row with its
+95% interval, r3rag.experiments.results.table.plot; for `stability`, every run's reward and dev EM
+per step) from the same rows. Markers are HTML comments, so neither
 GitHub nor MkDocs shows them. Text written by hand between the markers is lost at the next
 regeneration; tests/test_results_docs.py fails when the committed text differs from what the
 committed results file gives.
@@ -40,6 +43,7 @@ BLOCK = re.compile(
 OPTIONS = {"chart"}
 COMPARISONS = "comparisons"  # the table name of the paired comparisons (r3rag.experiments.results.compare)
 CLAIMS = "claims"  # the same comparisons as sentences: each claim, stands or not
+STABILITY = "stability"  # each RL row's largest drops below its best, per seed (r3rag.training.curves)
 
 
 def doc_files(root: Path) -> list[Path]:
@@ -81,7 +85,27 @@ def render(results: dict, table: str, where: str) -> str:
         return comparison_markdown(results.get("comparisons") or [])
     if table == CLAIMS:
         return claims_markdown(results.get("comparisons") or [])
+    if table == STABILITY:
+        return stability_markdown(results, where)
     return markdown(block_rows(results, table, where), results)
+
+
+def stability_markdown(results: dict, where: str) -> str:
+    """Each RL row's largest drop below its own best, per seed: the training reward (a moving
+    average over REWARD_WINDOW steps) and dev EM, with the best and last dev EM."""
+    from r3rag.training.curves import REWARD_WINDOW
+
+    if not results.get("stability"):
+        raise UserError(f"{where}: the results file has no training curves (its slice files predate them)")
+    lines = [
+        f"| row | seed | reward drop (mean of {REWARD_WINDOW} steps) | dev EM drop | best dev EM | last dev EM |",
+        "|---|---|---|---|---|---|",
+    ]
+    for label, seeds in results["stability"].items():
+        for seed, s in sorted(seeds.items()):
+            best, last = (f"{v:.3f}" if v is not None else "-" for v in (s["best_dev_em"], s["last_dev_em"]))
+            lines.append(f"| {label} | {seed} | {s['reward_drop']:.3f} | {s['dev_em_drop']:.3f} | {best} | {last} |")
+    return "\n".join(lines) + "\n"
 
 
 def regenerate(text: str, name: str, root: Path, only: set[Path] | None = None) -> tuple[str, list[dict]]:
@@ -100,8 +124,9 @@ def regenerate(text: str, name: str, root: Path, only: set[Path] | None = None) 
         if source not in cache:
             cache[source] = load_results(root / block["file"])
         body = render(cache[source], block["table"], where)
-        rows = [] if block["table"] in (COMPARISONS, CLAIMS) else block_rows(cache[source], block["table"], where)
-        blocks.append({**block, "rows": rows})
+        table = block["table"]
+        rows = [] if table in (COMPARISONS, CLAIMS, STABILITY) else block_rows(cache[source], table, where)
+        blocks.append({**block, "rows": rows, "curves": cache[source].get("curves") if table == STABILITY else None})
         return f"{OPEN}{m.group('args')} -->\n{body}{CLOSE}"
 
     return BLOCK.sub(one, text), blocks
@@ -154,15 +179,20 @@ def update_docs(paths: list[Path], root: Path, results: list[Path] | None = None
         if new != path.read_text():
             path.write_text(new)
             written.append(path)
-    for chart, rows in charts.items():
+    for chart, block in charts.items():
         (root / chart).parent.mkdir(parents=True, exist_ok=True)
-        plot(rows, root / chart)
+        if block["curves"] is not None:  # a stability block: every run's reward and dev EM per step
+            from r3rag.training.curves import plot_curves
+
+            plot_curves(block["curves"], root / chart, title="training reward and dev EM per step")
+        else:
+            plot(block["rows"], root / chart)
         written.append(root / chart)
     return written, sum(len(blocks) for _, _, blocks in regenerated)
 
 
-def _charts(blocks: list[dict]) -> dict[str, list[dict]]:
-    """Each chart path with the rows it draws; two blocks naming one path with other rows would
+def _charts(blocks: list[dict]) -> dict[str, dict]:
+    """Each chart path with the block that draws it; two blocks naming one path with other rows would
     leave the chart of whichever ran last (the docs' order), so that is an error naming both."""
     charts: dict[str, dict] = {}
     for b in (b for b in blocks if b["chart"]):
@@ -172,4 +202,4 @@ def _charts(blocks: list[dict]) -> dict[str, list[dict]]:
                 f"{b['where']}: chart {b['chart']} is also drawn by {first['where']} "
                 f"from table {first['table']!r}: name another file for one of them"
             )
-    return {chart: b["rows"] for chart, b in charts.items()}
+    return charts

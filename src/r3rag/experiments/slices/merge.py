@@ -127,6 +127,21 @@ def _rerun(name: str, kept: tuple, other: tuple) -> dict:
     }
 
 
+def _curves(rows: list[dict], owner: dict) -> dict:
+    """{"curves": {row label: {seed: curve}}, "stability": ...} for the RL rows whose slices carry
+    their training curves (r3rag.training.curves); nothing when none does (older slice files)."""
+    from r3rag.training.curves import stability
+
+    curves: dict[str, dict[str, list]] = {}
+    for row in rows:
+        for source in row_sources(row["source"]):
+            variant, _, system = source.partition("/")
+            curve = (owner[variant].get("curves") or {}).get(variant) if system == "rl" else None
+            if curve:
+                curves.setdefault(row["label"], {})[str(owner[variant]["seed"])] = curve
+    return {"curves": curves, "stability": stability(curves)} if curves else {}
+
+
 def merge(path: Path, data: dict, partial: bool = False) -> dict:
     """The results file's content from the current slice files (every slice needed, unless
     `partial`: then the rows and comparisons over the slices there are, for `--status`)."""
@@ -173,6 +188,7 @@ def merge(path: Path, data: dict, partial: bool = False) -> dict:
         "tables": results_spec(path, experiment)["tables"],
         "rows": rows,
         "comparisons": build_comparisons(pairs, table, None, em_of, compare_claims(path, experiment)),
+        **_curves(rows, owner),
         "slices": {name: _about(file, record) for name, (file, record) in current.items()},
         "reruns": found["reruns"],
         "artifact_differences": _shared(current),
