@@ -175,8 +175,8 @@ def test_bad_context_settings_are_one_line():
     from r3rag.stages.rl import Config as RLConfig
     from r3rag.stages.rl import validate as rl_validate
 
-    with pytest.raises(UserError, match="rl.context=fold: ppo's rows of a folded trajectory"):
-        rl_validate(RLConfig(context="fold", algorithm="ppo"))
+    with pytest.raises(UserError, match="rl.context=fold: each model turn is a row of its own"):
+        rl_validate(RLConfig(context="fold", algorithm="ppo", ppo_unit="step"))
     with pytest.raises(UserError, match="rl.context=fold: vLLM rollouts"):
         rl_validate(RLConfig(context="fold", vllm="colocate"))
 
@@ -285,9 +285,11 @@ def test_sft_rows_of_a_folded_trajectory_are_the_contexts_it_saw_and_its_own_tok
         validate(Config(context="fold"))
 
 
-def test_rl_rows_of_a_folded_trajectory_reproduce_its_turns_and_train(world, retriever, tmp_path):
-    """rl.context=fold (GRPO): one row per model turn, its prompt the context the turn was sampled
-    from, its completion the turn's tokens, every row with its trajectory's advantage; a step trains."""
+@pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
+def test_rl_rows_of_a_folded_trajectory_reproduce_its_turns_and_train(world, retriever, tmp_path, algorithm):
+    """rl.context=fold: one row per model turn, its prompt the context the turn was sampled from,
+    its completion the turn's tokens; GRPO gives every row its trajectory's advantage, PPO makes
+    each row an episode rewarded with its trajectory's reward (its critic trains on the rows too)."""
     from r3rag.rl.fold_rows import turn_rows
     from r3rag.rl.grpo import build_trainer, rollout_batch
     from r3rag.rl.rewards import RewardScorer, RewardSettings
@@ -307,7 +309,16 @@ def test_rl_rows_of_a_folded_trajectory_reproduce_its_turns_and_train(world, ret
     pair = [right[0], wrong[0]]
     batch = rollout_batch(pair, tok.eos_token_id, 100_000, fold=True)
     scorer = RewardScorer({"em": 1.0}, RewardSettings(), P)
-    cfg = Config(steps=1, prompts_per_step=1, num_generations=2, bf16=False, save_steps=0, lr=1e-2, context="fold")
+    cfg = Config(
+        steps=1,
+        prompts_per_step=1,
+        num_generations=2,
+        bf16=False,
+        save_steps=0,
+        lr=1e-2,
+        context="fold",
+        algorithm=algorithm,
+    )
     model = tiny_model(tok, layers=1, hidden=32, heads=2, intermediate=64, max_positions=4096)
     trainer = build_trainer(model, tok, [q], None, P, scorer, cfg, tmp_path)
 
@@ -324,6 +335,14 @@ def test_rl_rows_of_a_folded_trajectory_reproduce_its_turns_and_train(world, ret
     trainer.train()
     (inputs,) = seen_batches
     assert inputs["completion_ids"].shape[0] == 10  # 5 model turns each (4 searches and the answer)
-    adv = sorted(inputs["advantages"].tolist())
-    assert adv[:5] == pytest.approx([adv[0]] * 5) and adv[5:] == pytest.approx([adv[-1]] * 5) and adv[0] < 0 < adv[-1]
+    mask = inputs["completion_mask"] * inputs["tool_mask"]
+    per_row = (
+        (inputs["advantages"] * mask).sum(1) / mask.sum(1) if inputs["advantages"].dim() == 2 else inputs["advantages"]
+    )
+    right_rows = inputs["row_of"] == 0  # the right answer's rows gain, the wrong one's lose
+    assert (per_row[right_rows] > 0).all() and (per_row[~right_rows] < 0).all()
+    if algorithm == "grpo":
+        assert len(set(round(a, 6) for a in per_row.tolist())) == 2  # one advantage per trajectory
+    else:
+        assert "values" in inputs and trainer.critic_optimizer.state_dict()["state"]  # the critic trained
     assert any(not torch.equal(a, b) for a, b in zip(before, model.parameters()))

@@ -10,8 +10,10 @@ advantage. Retrieved tokens sit in the prompts: no row trains on them.
 
 TRL's trainer sees one row per trajectory (the last turn's, which carries the trajectory's
 rewards); `expand` then replaces its batch by every row of every trajectory, each with its
-trajectory's advantage, the log-probabilities TRL needs (the rollout policy's, the reference's)
-scored on the rows, padded to whole mini-batches with rows that train on nothing.
+trajectory's advantage (GRPO's, RLOO's) and index (`row_of`, for r3rag.rl.ppo: PPO and
+REINFORCE++ make each row an episode of its own, rewarded with its trajectory's reward, as
+R3-RAG's steps), the log-probabilities TRL needs (the rollout policy's, the reference's) scored on
+the rows, padded to whole mini-batches with rows that train on nothing.
 
 Usage:
     rows = turn_rows(traj, eos_id)                     # [{prompt_ids, completion_ids, env_mask, logprobs}]
@@ -69,8 +71,10 @@ def expand(trainer, out: dict, rows: list[list[dict]]) -> dict:
         [r["completion_ids"] for _, r in flat], trainer._tokenizer.pad_token_id, left=False
     )
     tool_mask, _ = _padded([r["env_mask"] for _, r in flat], 0, left=False)
-    advantages = torch.stack([out["advantages"][b] if b is not None else out["advantages"][0] * 0 for b, _ in flat])
+    row_of = torch.tensor([b if b is not None else -1 for b, _ in flat], device=device)
+    advantages = out["advantages"][row_of.clamp(min=0)] * (row_of >= 0).to(out["advantages"].dtype)
     new = {
+        "row_of": row_of,  # each row's trajectory (its index in TRL's batch; -1: a padding row)
         "prompt_ids": prompt_ids.to(device),
         "prompt_mask": prompt_mask.to(device),
         "completion_ids": completion_ids.to(device),

@@ -86,14 +86,17 @@ class R3ragPPOTrainer(R3ragGRPOTrainer):
         local = slice(self.accelerator.process_index * len(inputs), (self.accelerator.process_index + 1) * len(inputs))
         kl = self._k1(out, mask)
         algo = self.algo.algorithm
+        folded = "row_of" in out  # context: fold: a row per model turn (r3rag.rl.fold_rows)
         if algo == "rloo":
-            penalty = self.accelerator.gather((self.algo.kl_coef * kl).sum(1)) if kl is not None else 0.0
+            penalty = self._sequence_penalty(kl, out, len(inputs)) if kl is not None else 0.0
             advantages = rloo_advantages(rewards - penalty, self.num_generations)[local]
+            advantages = _per_row(advantages, out) if folded else advantages
             self._log({"advantages/mean": advantages.mean().item()})
         else:
-            ends = self._turn_ends(mask) if self.algo.ppo_unit == "step" else None
-            step_rewards = self._step_rewards(rewards[local])
-            token_r = token_rewards(mask, rewards[local], kl, self.algo.kl_coef, step_rewards)
+            ends = self._turn_ends(mask) if self.algo.ppo_unit == "step" and not folded else None
+            outcome = _per_row(rewards[local], out) if folded else rewards[local]  # a folded row: its own episode
+            step_rewards = None if folded else self._step_rewards(rewards[local])
+            token_r = token_rewards(mask, outcome, kl, self.algo.kl_coef, step_rewards)
             if algo == "ppo":
                 values = self._rollout_values(out) * mask
                 raw, returns = gae(token_r, values, mask, self.algo.gamma, self.algo.lam, ends)
@@ -110,6 +113,14 @@ class R3ragPPOTrainer(R3ragGRPOTrainer):
             self._log({"kl/k1_mean": masked_mean(kl, mask, self._sum).item()})
         out["advantages"] = advantages.to(out["completion_ids"].device)
         return out
+
+    def _sequence_penalty(self, kl: torch.Tensor, out: dict, n: int) -> torch.Tensor:
+        """kl_coef x each trajectory's summed k1 (a folded one's over all its rows), every process's."""
+        per_row = self.algo.kl_coef * kl.sum(1)
+        if "row_of" in out:
+            real = out["row_of"] >= 0
+            per_row = torch.zeros(n, device=kl.device).index_add_(0, out["row_of"][real], per_row[real])
+        return self.accelerator.gather(per_row)
 
     def _trajectory_rewards(self) -> torch.Tensor:
         """Each trajectory's weighted reward, every process's rows, as TRL sums its components
@@ -223,6 +234,12 @@ class R3ragPPOTrainer(R3ragGRPOTrainer):
         super()._load_optimizer_and_scheduler(checkpoint)
         if self.critic is not None and checkpoint is not None:
             load_critic(self.critic, self.critic_optimizer, Path(checkpoint))
+
+
+def _per_row(values: torch.Tensor, out: dict) -> torch.Tensor:
+    """Per-trajectory `values` spread over a folded batch's rows (0 on padding rows)."""
+    row_of = out["row_of"]
+    return values.to(row_of.device)[row_of.clamp(min=0)] * (row_of >= 0)
 
 
 def _rows(batch: dict) -> tuple[torch.Tensor, torch.Tensor, int]:

@@ -127,14 +127,10 @@ def check_settings(cfg: GRPOSettings) -> None:
         )
     check_algorithm(cfg)
     check_env_settings(cfg, "rl")
-    if cfg.context == "fold" and cfg.algorithm not in ("grpo", "rloo"):
+    if cfg.context == "fold" and (cfg.process_credit == "step" or cfg.dynamic_sampling or cfg.ppo_unit == "step"):
         raise UserError(
-            f"rl.context=fold: {cfg.algorithm}'s rows of a folded trajectory (one per turn) are not built yet; "
-            "use algorithm grpo or rloo, or context keep_all"
-        )
-    if cfg.context == "fold" and (cfg.process_credit == "step" or cfg.dynamic_sampling):
-        raise UserError(
-            "rl.context=fold: one advantage per trajectory; set process_credit=trajectory and dynamic_sampling=false"
+            "rl.context=fold: each model turn is a row of its own, rewarded with its trajectory's reward; set "
+            "process_credit=trajectory, dynamic_sampling=false and ppo_unit=trajectory"
         )
     if cfg.context == "fold" and cfg.vllm not in ("", "auto"):
         raise UserError("rl.context=fold: vLLM rollouts of folded trajectories are not built yet; set rl.vllm=''")

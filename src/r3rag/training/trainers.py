@@ -198,10 +198,9 @@ class R3ragGRPOTrainer(ResumableGRPOTrainer):
         out = super()._generate_and_score_completions(inputs)
         if not self.model.training:
             return out
-        out = self._advantages(out, inputs)
-        if self.row_extras.get("fold_rows"):  # context: fold: one row per model turn
+        if self.row_extras.get("fold_rows"):  # context: fold: one row per model turn, then their advantages
             out = self.expand_rows(self, out, self.row_extras["fold_rows"])
-        return out
+        return self._advantages(out, inputs)
 
     def _advantages(self, out: dict, inputs) -> dict:
         """The batch with its advantages: GRPO's from TRL, plus per-step credit where it is on
