@@ -157,7 +157,7 @@ def one_arm(runs: Path, arm: str, steps: int, threads: int) -> None:
     if arm == "lora_unmerged":  # how LoRA rollouts ran before they merged the adapters (issue 49)
         from r3rag.rl import grpo
 
-        grpo.merge_lora = lambda model: False
+        grpo.merge_lora = lambda model: None
     m = multi_turn(runs, steps, threads, f"name=bench-{arm}", *ARMS[arm])
     peak_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     gen_tokens_s = m["model_tokens"] * PROMPTS * GROUP / m["generation"]  # model tokens generated per second

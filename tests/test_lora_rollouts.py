@@ -25,6 +25,12 @@ def _merged(model) -> bool:
     return any(getattr(m, "merged", False) for m in model.modules())
 
 
+def _lora_layers(model) -> int:
+    from peft.tuners.lora import LoraLayer
+
+    return sum(isinstance(m, LoraLayer) for m in model.modules())
+
+
 def test_merged_lora_rollouts_sample_what_the_unmerged_adapters_sample(tmp_path):
     from r3rag.rl.grpo import build_trainer, generator
     from r3rag.rl.rewards import RewardScorer, RewardSettings
@@ -41,9 +47,10 @@ def test_merged_lora_rollouts_sample_what_the_unmerged_adapters_sample(tmp_path)
     plain = run_rollouts(questions, HFGenerator(model, tok, temperature=0.0), retriever, P, env, tok)
     model.train()
     with generator(trainer, tok, replace(cfg, vllm="")) as gen:
-        assert _merged(model) and not model.training  # one weight per layer while it generates
+        # one plain weight per layer while it generates: the adapters merged in, peft's wrappers out of the way
+        assert not _lora_layers(model) and not model.training
         merged = run_rollouts(questions, gen, retriever, P, env, tok)
-    assert not _merged(model) and model.training
+    assert _lora_layers(model) == 6 and not _merged(model) and model.training  # as they were
     assert [t.turns for t in merged] and [[t.ids for t in r.turns] for r in merged] == [
         [t.ids for t in r.turns] for r in plain
     ]

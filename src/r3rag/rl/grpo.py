@@ -170,8 +170,9 @@ class generator:
     eval mode: dropout (LoRA's too) would make the rollout policy a random perturbation of the
     one whose log-probabilities are trained; training mode comes back on exit. A LoRA policy
     generates with its adapters merged into the base weights (peft's merge_adapter, as TRL does
-    for its vLLM sync): one matrix product per layer instead of three in every decode step; they
-    are unmerged on exit (the base weights come back up to float rounding, as after TRL's sync)."""
+    for its vLLM sync) and peft's wrappers out of the way (`merge_lora`): one matrix product per
+    layer instead of three in every decode step; on exit the wrappers go back and the adapters are
+    unmerged (the base weights come back up to float rounding, as after TRL's sync)."""
 
     def __init__(self, trainer, tokenizer, cfg: GRPOSettings):
         self.trainer, self.tokenizer, self.cfg = trainer, tokenizer, cfg
@@ -192,7 +193,7 @@ class generator:
         model.eval()
         self._model = model
         sharded = self.trainer.is_deepspeed_enabled or self.trainer.is_fsdp_enabled  # shards: leave as they are
-        self._merged = not sharded and merge_lora(model)
+        self._restore = None if sharded else merge_lora(model)
         return HFGenerator(
             model,
             self.tokenizer,
@@ -206,21 +207,37 @@ class generator:
     def __exit__(self, *exc):
         if self._ctx is None:
             return False
-        if self._merged:
-            self._model.unmerge_adapter()
+        if self._restore is not None:
+            self._restore()
         self._model.train(self._was_training)
         return self._ctx.__exit__(*exc)
 
 
-def merge_lora(model) -> bool:
-    """Merge a peft LoRA model's adapters into its base weights for generation; whether it did
-    (not a peft model, or already merged: nothing to undo)."""
+def merge_lora(model):
+    """Merge a peft LoRA model's adapters into its base weights for generation and take peft's
+    layer wrappers out of the forward path (each would still cost a Python call per layer and
+    token: on a small model that is most of what LoRA rollouts cost more); returns the function
+    that puts the wrappers back and unmerges, or None (not a peft model, or already merged)."""
     from peft import PeftModel
+    from peft.tuners.lora import LoraLayer
 
     if not isinstance(model, PeftModel) or any(getattr(m, "merged", False) for m in model.modules()):
-        return False
+        return None
     model.merge_adapter()
-    return True
+    swapped = []
+    for name, module in list(model.named_modules()):
+        if isinstance(module, LoraLayer):
+            parent_name, _, child = name.rpartition(".")
+            parent = model.get_submodule(parent_name)
+            setattr(parent, child, module.base_layer)  # the merged weight, without the wrapper
+            swapped.append((parent, child, module))
+
+    def restore() -> None:
+        for parent, child, module in swapped:
+            setattr(parent, child, module)
+        model.unmerge_adapter()
+
+    return restore
 
 
 def resolve_vllm(mode: str) -> str:
