@@ -247,17 +247,19 @@ def test_batched_tokenisation_gives_the_ids_one_encode_per_text_gives():
 
 
 def test_trajectory_json_is_asdict_without_ids_key_for_key():
-    """Trajectory.to_json builds by hand what asdict gave (minus token ids and logprobs), in the
-    same key order, so trajectories.jsonl files are byte for byte what they were."""
+    """Trajectory.to_json builds by hand what asdict gave (minus token ids and logprobs, and the
+    context-folding state: the `fold` flag and each documents turn's stub, which the loop renders
+    again from `documents`), in the same key order, so trajectories.jsonl files are byte for byte
+    what they were."""
     import json
     from dataclasses import asdict
 
     _, traj = _setup()
     traj.turns[0].logprobs = [-0.5] * len(traj.turns[0].ids)
     expected = asdict(traj)
-    expected.pop("prompt_ids")
+    expected.pop("prompt_ids"), expected.pop("fold")
     for t in expected["turns"]:
-        t.pop("ids"), t.pop("logprobs")
+        t.pop("ids"), t.pop("logprobs"), t.pop("stub_ids"), t.pop("stub_text")
     assert json.dumps(traj.to_json()) == json.dumps(expected)
     out = traj.to_json()
     out["steps"][0]["query"] = "changed"

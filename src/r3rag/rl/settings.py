@@ -56,17 +56,14 @@ class GRPOSettings(EnvSettings):  # top_k, max_turns, max_new_tokens: r3rag.core
     # returns whitened over the batch). Epochs and mini-batches over one rollout batch are
     # num_iterations (veRL's ppo_epochs) and steps_per_generation for every algorithm.
     algorithm: Algorithm = hashed_when_set("grpo", silent=True)
-    kl_coef: float = hashed_when_set(
-        0.0, silent=True
-    )  # ppo, rloo, reinforce_pp: k1 KL to the start policy, in the reward
-    entropy_coef: float = hashed_when_set(
-        0.0
-    )  # entropy bonus in the loss (Search-R1's veRL config: 0.001, silent=True)
-    critic_lr: float = hashed_when_set(1e-5)  # ppo: the critic's learning rate (its own AdamW, silent=True)
+    # ppo, rloo, reinforce_pp: k1 KL to the start policy, in the reward
+    kl_coef: float = hashed_when_set(0.0, silent=True)
+    # entropy bonus in the loss (Search-R1's veRL config: 0.001)
+    entropy_coef: float = hashed_when_set(0.0, silent=True)
+    critic_lr: float = hashed_when_set(1e-5, silent=True)  # ppo: the critic's learning rate (its own AdamW)
     critic_warmup_steps: int = hashed_when_set(0, silent=True)  # ppo: first steps train the critic only
-    value_clip: float = hashed_when_set(
-        0.5
-    )  # ppo: values move at most this far from the rollout's (0: off, silent=True)
+    # ppo: values move at most this far from the rollout's (0: off)
+    value_clip: float = hashed_when_set(0.5, silent=True)
     gamma: float = hashed_when_set(1.0, silent=True)  # ppo, reinforce_pp: discount per model token
     lam: float = hashed_when_set(1.0, silent=True)  # ppo: GAE's lambda
     # ppo: trajectory (Search-R1: one sample per trajectory) or step (R3-RAG: each search step its own
