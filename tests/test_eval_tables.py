@@ -33,3 +33,25 @@ def test_dataset_table_shows_each_interval():
         }
     }
     assert "| rl | all | 400 | 0.000 [0.000, 0.009] | 0.100 [0.050, 0.150] |" in dataset_table(systems)
+
+
+def test_the_eval_stages_table_never_cuts_a_header_or_a_number_in_80_columns():
+    """The table `r3rag eval` prints: in an 80-column terminal (a CI log) the columns that do not
+    fit are left out and named under it, never cut to "search…" or "0.0…"; a wide one shows all."""
+    import io
+
+    from rich.console import Console
+
+    from r3rag.evaluation.predictions import print_table
+
+    hops = {"2": {"em": 1.0}, "3": {"em": 0.987}, "4": {"em": 0.5}}
+    row = {"em": 0.987, "f1": 0.991, "n": 400, "searches": 2.37, "tokens": 41.0, "questions_per_s": 1075.3}
+    metrics = {"dataset": "world", "systems": {s: {**row, "by_hops": hops} for s in ("direct", "rag", "sft", "rl")}}
+    out = io.StringIO()
+    print_table(metrics, Console(file=out, width=80))
+    text = out.getvalue()
+    assert "…" not in text and "0.987" in text and "searches" in text and "1075.3" not in text
+    assert "left out for the terminal's width: q/s, tokens" in " ".join(text.split())
+    wide = io.StringIO()
+    print_table(metrics, Console(file=wide, width=160))
+    assert "1075.3" in wide.getvalue() and "left out" not in wide.getvalue()

@@ -147,18 +147,21 @@ def stage_seconds(inputs: dict[str, ArtifactRef]) -> dict:
     return {s: seconds[s] for s in order if s in seconds}
 
 
+EVAL_NARROW_DROPS = ("q/s", "tokens", "F1", "searches")  # left out in this order where the terminal is narrow
+
+
 def print_table(metrics: dict, console) -> None:
-    from rich.table import Table  # here, not at the top: `r3rag eval --help` imports this module
+    """The eval's table; in a terminal too narrow for every column, q/s, tokens, F1 and searches
+    are left out in that order and named under it (metrics.json has them), never cut to "…"."""
+    from r3rag.evaluation.report import natural_width
 
     systems = metrics["systems"]
     hop_keys = sorted({h for m in systems.values() for h in m.get("by_hops", {})}, key=str)[:4]
-    table = Table(title=f"evaluation: {metrics.get('dataset', 'held-out questions')}")
     cols = ["system", "EM", "F1", "n", "searches", "tokens", "q/s"] + [f"{h}-hop EM" for h in hop_keys]
     if any("judge_acc" in m for m in systems.values()):
         cols.insert(3, "judge")
-    for col in cols:
-        table.add_column(col, justify="right" if col != "system" else "left")
     fmt = lambda v, spec=".3f": "-" if v is None else format(v, spec)  # noqa: E731
+    rows = []
     for name, m in systems.items():
         row = {
             "system": name,
@@ -172,8 +175,30 @@ def print_table(metrics: dict, console) -> None:
         }
         hops = m.get("by_hops", {})
         row.update({f"{h}-hop EM": fmt(hops[h]["em"]) if h in hops else "-" for h in hop_keys})
-        table.add_row(*(row[c] for c in cols))
+        rows.append(row)
+    left_out: list[str] = []
+    table = _eval_table(metrics, rows, cols)
+    for drop in EVAL_NARROW_DROPS:
+        if natural_width(table) <= console.width:
+            break
+        left_out.append(drop)
+        table = _eval_table(metrics, rows, [c for c in cols if c not in left_out])
+    if left_out:
+        table.caption = (
+            f"left out for the terminal's width: {', '.join(left_out)} (the artifact's metrics.json has them)"
+        )
     console.print(table)
     secs = metrics.get("seconds", {})
     if secs:
         console.print("seconds per stage: " + ", ".join(f"{k} {v:.0f}" for k, v in secs.items()))
+
+
+def _eval_table(metrics: dict, rows: list[dict], cols: list[str]):
+    from rich.table import Table  # here, not at the top: `r3rag eval --help` imports this module
+
+    table = Table(title=f"evaluation: {metrics.get('dataset', 'held-out questions')}")
+    for col in cols:
+        table.add_column(col, justify="right" if col != "system" else "left", no_wrap=True)
+    for row in rows:
+        table.add_row(*(row[c] for c in cols))
+    return table

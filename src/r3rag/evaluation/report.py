@@ -86,7 +86,7 @@ def rich_table(rows: list[dict], width: int | None = None) -> Table:
     if width is None:
         return table
     for drop in NARROW_DROPS:
-        if _natural_width(table) <= width:
+        if natural_width(table) <= width:
             break
         if drop in cols:
             cols = tuple(c for c in cols if c != drop)
@@ -107,7 +107,7 @@ def _table(rows: list[dict], cols: tuple[str, ...], dropped: tuple[str, ...]) ->
     return table
 
 
-def _natural_width(table: Table) -> int:
+def natural_width(table: Table) -> int:
     """The table's width with room to spare: every cell on one line."""
     from rich.console import Console
 
