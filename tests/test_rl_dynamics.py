@@ -292,7 +292,7 @@ def test_step_credit_through_trl_gives_each_search_its_relevance_and_masks_the_d
         "scores": rows,
         "timing": {},
     }
-    trainer._spans = batch["step_credit"]  # what the wrapped rollout_func keeps for the advantages
+    trainer.row_extras = {"step_credit": batch["step_credit"]}  # what the wrapped rollout_func keeps for the advantages
     seen = []
     compute = trainer._compute_loss
     trainer._compute_loss = lambda m, inputs: seen.append(inputs) or compute(m, inputs)

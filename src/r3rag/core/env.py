@@ -80,24 +80,22 @@ class Trajectory:
         context turn `upto` was sampled from), with `fold` every documents turn but the last one
         in its stub form (shown in full for the turn right after it only)."""
         ids = list(self.prompt_ids or [])
-        turns = self.turns if upto is None else self.turns[:upto]
-        last = self._last_documents_turn(len(turns)) if self.fold else None
-        for i, t in enumerate(turns):
-            folded = self.fold and t.stub_ids is not None and i != last
+        for t, folded in self._shown(upto):
             ids.extend((t.stub_ids if folded else t.ids) or [])
         return ids
 
     def context_text(self) -> str:
         """`context_ids`' text: what the model sees (the prompt, turns, stubs) as one string."""
-        last = self._last_documents_turn() if self.fold else None
-        parts = [self.prompt]
-        for i, t in enumerate(self.turns):
-            parts.append(t.stub_text if self.fold and t.stub_text is not None and i != last else t.text)
-        return "".join(parts)
+        return self.prompt + "".join(t.stub_text if folded else t.text for t, folded in self._shown())
 
-    def _last_documents_turn(self, upto: int | None = None) -> int | None:
-        end = len(self.turns) if upto is None else upto
-        return next((i for i in range(end - 1, -1, -1) if self.turns[i].stub_text is not None), None)
+    def _shown(self, upto: int | None = None) -> list[tuple[Turn, bool]]:
+        """The turns before `upto` (all: None), each with whether the context shows its stub: with
+        `fold`, every documents turn but the last one."""
+        turns = self.turns if upto is None else self.turns[:upto]
+        if not self.fold:
+            return [(t, False) for t in turns]
+        last = next((i for i in range(len(turns) - 1, -1, -1) if turns[i].stub_text is not None), None)
+        return [(t, t.stub_text is not None and i != last) for i, t in enumerate(turns)]
 
     def completion(self) -> tuple[list[int], list[int]]:
         """Joined completion ids and the mask: 1 on model tokens, 0 on environment tokens."""

@@ -175,7 +175,6 @@ class R3ragGRPOTrainer(ResumableGRPOTrainer):
         super().__init__(*args, **kwargs)
         self.extra_logs: dict[str, float] = {}
         self.step_credit_weight = step_credit_weight
-        self._spans: list[list] = []
         self.row_extras: dict[str, list] = {}  # this process's rows' token spans (ROW_FIELDS), last rollout
         self.expand_rows = None  # context: fold: r3rag.rl.fold_rows.expand, which r3rag.rl.grpo sets
         if self.rollout_func is not None:
@@ -184,7 +183,6 @@ class R3ragGRPOTrainer(ResumableGRPOTrainer):
             def keep_spans(prompts, trainer):  # the spans stay here: they are not a reward function's input
                 out = inner(prompts, trainer)
                 self.row_extras = {k: out.pop(k) for k in ROW_FIELDS if k in out}
-                self._spans = self.row_extras.get("step_credit", [])
                 return out
 
             self.rollout_func = keep_spans
@@ -209,7 +207,9 @@ class R3ragGRPOTrainer(ResumableGRPOTrainer):
             return out
         from accelerate.utils import gather_object
 
-        spans = gather_object(self._spans)  # groups may span processes: normalise over the whole batch
+        spans = gather_object(
+            self.row_extras.get("step_credit", [])
+        )  # groups may span processes: normalise over the whole batch
         adv = step_advantages(
             spans, out["completion_ids"].shape[1], self.num_generations, self.step_credit_weight, self.scale_rewards
         )
