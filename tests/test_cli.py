@@ -5,6 +5,7 @@ from pathlib import Path
 import pytest
 
 from tests.cli_helpers import assert_one_line_error, r3rag
+from tests.test_rl import GPU_RECIPES
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -117,15 +118,7 @@ def test_run_dry_run_validates_and_writes_nothing(tmp_path):
     assert_one_line_error(out, "unknown system 'foo'")
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "search-r1-qwen2.5-3b.yaml",
-        "r3rag-qwen2.5-7b.yaml",
-        "search-r1-qwen2.5-3b-ppo.yaml",
-        "r3rag-qwen2.5-7b-ppo.yaml",
-    ],
-)
+@pytest.mark.parametrize("name", GPU_RECIPES)
 def test_real_model_recipes_dry_run(name, tmp_path):
     """The GPU recipes validate end to end without their models, corpora or a GPU."""
     from r3rag.experiments.pipeline import plan_pipeline

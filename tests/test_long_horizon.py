@@ -215,13 +215,19 @@ def test_the_prefix_cache_reuses_what_a_folded_context_kept(world, retriever):
     assert cached.store.reused_tokens > 0
 
 
+def _one_step(**settings):
+    """rl's settings for one optimizer step on one question's group of two (a scripted batch)."""
+    from r3rag.stages.rl import Config
+
+    return Config(steps=1, prompts_per_step=1, num_generations=2, bf16=False, save_steps=0, **settings)
+
+
 # ---- 40 turns end to end ----------------------------------------------------------------------
 
 
 def test_a_40_turn_trajectory_runs_through_the_loop_its_scores_and_an_rl_step(world, retriever, tmp_path):
     from r3rag.rl.grpo import build_trainer, rollout_batch
     from r3rag.rl.rewards import RewardScorer, RewardSettings
-    from r3rag.stages.rl import Config
     from r3rag.training.modeling import tiny_model
 
     q = _long(world.test, 39, "mentor_chain")[0]
@@ -235,16 +241,7 @@ def test_a_40_turn_trajectory_runs_through_the_loop_its_scores_and_an_rl_step(wo
     batch = rollout_batch([traj, traj], tok.eos_token_id, 100_000)
     assert sum(batch["env_mask"][0]) > 39 * 5 and 0 in batch["env_mask"][0]
     model = tiny_model(tok, layers=1, hidden=32, heads=2, intermediate=64, max_positions=8192)
-    rl = Config(
-        steps=1,
-        prompts_per_step=1,
-        num_generations=2,
-        bf16=False,
-        save_steps=0,
-        lr=1e-3,
-        max_completion_tokens=100_000,
-        algorithm="ppo",
-    )
+    rl = _one_step(lr=1e-3, max_completion_tokens=100_000, algorithm="ppo")
     scorer = RewardScorer({"em": 1.0}, RewardSettings(), P)
     trainer = build_trainer(model, tok, [q], None, P, scorer, rl, tmp_path)
     wrong = run_rollouts([q], oracle_generator([{**q, "golden_answers": ["nowhere"]}], P, tok), retriever, P, cfg, tok)[
@@ -293,7 +290,6 @@ def test_rl_rows_of_a_folded_trajectory_reproduce_its_turns_and_train(world, ret
     from r3rag.rl.fold_rows import turn_rows
     from r3rag.rl.grpo import build_trainer, rollout_batch
     from r3rag.rl.rewards import RewardScorer, RewardSettings
-    from r3rag.stages.rl import Config
     from r3rag.training.modeling import tiny_model
     from r3rag.training.trainers import ROW_FIELDS
 
@@ -309,16 +305,7 @@ def test_rl_rows_of_a_folded_trajectory_reproduce_its_turns_and_train(world, ret
     pair = [right[0], wrong[0]]
     batch = rollout_batch(pair, tok.eos_token_id, 100_000, fold=True)
     scorer = RewardScorer({"em": 1.0}, RewardSettings(), P)
-    cfg = Config(
-        steps=1,
-        prompts_per_step=1,
-        num_generations=2,
-        bf16=False,
-        save_steps=0,
-        lr=1e-2,
-        context="fold",
-        algorithm=algorithm,
-    )
+    cfg = _one_step(lr=1e-2, context="fold", algorithm=algorithm)
     model = tiny_model(tok, layers=1, hidden=32, heads=2, intermediate=64, max_positions=4096)
     trainer = build_trainer(model, tok, [q], None, P, scorer, cfg, tmp_path)
 

@@ -248,16 +248,16 @@ def test_vllm_auto_uses_vllm_only_where_it_is_installed_and_a_gpu_is_present(mon
         resolve_vllm("vllm")
 
 
-@pytest.mark.parametrize(
-    "name",
-    [
-        "search-r1-qwen2.5-3b.yaml",
-        "r3rag-qwen2.5-7b.yaml",
-        "search-r1-qwen2.5-3b-ppo.yaml",
-        "r3rag-qwen2.5-7b-ppo.yaml",
-        "demo.yaml",
-    ],
-)
+# The real-model recipes for GPUs (tests/test_cli.py dry-runs them too)
+GPU_RECIPES = [
+    "search-r1-qwen2.5-3b.yaml",
+    "r3rag-qwen2.5-7b.yaml",
+    "search-r1-qwen2.5-3b-ppo.yaml",
+    "r3rag-qwen2.5-7b-ppo.yaml",
+]
+
+
+@pytest.mark.parametrize("name", [*GPU_RECIPES, "demo.yaml"])
 def test_recipe_pipelines_parse_with_the_config_loader(name):
     from r3rag.experiments.pipeline import _load_pipeline, _section
     from r3rag.stages import STAGE_ORDER, stage_module
