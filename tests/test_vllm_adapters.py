@@ -119,8 +119,9 @@ def test_eval_vllm_backend_loads_the_policy_weights_into_an_engine(pipeline_runs
     assert len(preds) == 12 and {p["answer"] for p in preds if p["system"] == "sft"} == {first["golden_answers"][0]}
 
 
-def test_trl_s_colocated_engine_runs_in_fp32_on_the_cpu_and_an_asked_dtype_wins(monkeypatch):
-    """TRL builds its colocated `vllm.LLM` with no dtype; vLLM's auto would be bf16 on the CPU."""
+def test_trl_s_colocated_engine_runs_in_fp32_and_eager_on_the_cpu_and_an_asked_dtype_wins(monkeypatch):
+    """TRL builds its colocated `vllm.LLM` with no dtype and no eager flag; vLLM's auto would be bf16
+    on the CPU, and an inductor compile at every start."""
     pytest.importorskip("trl")
     from trl.generation import vllm_generation
 
@@ -128,14 +129,18 @@ def test_trl_s_colocated_engine_runs_in_fp32_on_the_cpu_and_an_asked_dtype_wins(
 
     built = []
     monkeypatch.setattr(vllm_generation, "LLM", lambda **kw: built.append(kw), raising=False)
-    vllm_adapter.colocated_engine_dtype()
+    vllm_adapter.colocated_engine()
     vllm_generation.LLM(model="policy", seed=0)  # as TRL calls it
-    vllm_adapter.colocated_engine_dtype("bfloat16")  # set again: wraps TRL's own LLM, not the last wrapper
+    vllm_adapter.colocated_engine("bfloat16")  # set again: wraps TRL's own LLM, not the last wrapper
     vllm_generation.LLM(model="policy")
     vllm_generation.LLM(model="policy", dtype="float16")  # a dtype TRL passes itself stays
     assert [kw.get("dtype") for kw in built] == ["float32", "bfloat16", "float16"]
+    assert all(kw["enforce_eager"] for kw in built)  # as the eval engine and serve-vllm on the CPU
     monkeypatch.setattr(vllm_adapter, "on_gpu", lambda: True)
     assert vllm_adapter.engine_dtype() == "auto" and vllm_adapter.engine_dtype("float16") == "float16"
+    vllm_adapter.colocated_engine()  # a GPU: vLLM's own dtype and its compiled graphs
+    vllm_generation.LLM(model="policy")
+    assert built[-1]["dtype"] == "auto" and "enforce_eager" not in built[-1]
 
 
 def test_eval_vllm_backend_refuses_two_sets_of_weights(pipeline_runs, fake_vllm):

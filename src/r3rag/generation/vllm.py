@@ -64,17 +64,23 @@ def engine_dtype(dtype: str = "auto") -> str:
     return "float32" if dtype == "auto" and not on_gpu() else dtype
 
 
-def colocated_engine_dtype(dtype: str = "auto") -> None:
-    """Give TRL's colocated engine `engine_dtype(dtype)`: TRL builds its `vllm.LLM` with no dtype
-    (trl.generation.vllm_generation, TRL 1.16), which is vLLM's "auto". Its module's `LLM` becomes
-    one that passes the dtype; set again, the last dtype wins. Call before the trainer is built."""
+def colocated_engine(dtype: str = "auto") -> None:
+    """Give TRL's colocated engine what r3rag's other engines get (`engine_kwargs`, `serve-vllm`):
+    `engine_dtype(dtype)` and, on the CPU, eager mode. TRL builds its `vllm.LLM` with neither
+    (trl.generation.vllm_generation, TRL 1.16): vLLM's "auto" dtype, and on the CPU an inductor
+    compile of the model at every engine start (vllm.platforms.cpu: minutes on 2 cores, for a run
+    whose decode time it may never pay back). Its module's `LLM` becomes one that passes both; set
+    again, the last dtype wins. Call before the trainer is built."""
     from trl.generation import vllm_generation
 
     chosen = engine_dtype(dtype)
     base = getattr(vllm_generation.LLM, "r3rag_base", vllm_generation.LLM)
+    eager = not on_gpu()
 
     def llm(*args, **kwargs):
         kwargs.setdefault("dtype", chosen)
+        if eager:
+            kwargs.setdefault("enforce_eager", True)
         return base(*args, **kwargs)
 
     llm.r3rag_base, llm.r3rag_dtype = base, chosen

@@ -49,7 +49,7 @@ from r3rag.core.metrics import exact_match, f1_score
 from r3rag.core.protocol import Protocol
 from r3rag.generation.vllm import (
     INSTALL_HINT,
-    colocated_engine_dtype,
+    colocated_engine,
     guard_module_scan,
     keep_cpu_weights_loadable,
     on_gpu,
@@ -269,7 +269,7 @@ def trl_vllm_flags(cfg: GRPOSettings) -> dict:
         os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", str(cfg.vllm_kv_cache_gb))
         guard_module_scan()  # TRL starts the engine in this process
         keep_cpu_weights_loadable()  # which TRL's weight sync loads into every step
-        colocated_engine_dtype()  # fp32, the trainer's weights as they are (vLLM's auto: bf16)
+        colocated_engine()  # fp32 (the trainer's weights as they are; vLLM's auto: bf16), eager
     if cfg.vllm == "server" and not on_gpu():  # TRL's weight sync is NCCL's: to a CPU server over gloo
         from r3rag.generation.vllm_server import use_gloo_weight_sync
 
