@@ -94,12 +94,10 @@ def test_file_that_is_not_gguf_is_one_line(tmp_path):
     assert_one_line_error(out, "broken.gguf")
 
 
-def test_gguf_of_an_architecture_transformers_cannot_load(tmp_path):
-    """A valid GGUF whose architecture transformers does not dequantise: one line naming it."""
-    gguf = pytest.importorskip("gguf")
+def _odd_gguf(gguf, path):
+    """A valid GGUF of an architecture transformers does not dequantise (rwkv6)."""
     import numpy as np
 
-    path = tmp_path / "odd.gguf"
     writer = gguf.GGUFWriter(str(path), "rwkv6")
     writer.add_block_count(1)
     writer.add_tensor("token_embd.weight", np.zeros((4, 4), dtype=np.float32))
@@ -107,6 +105,27 @@ def test_gguf_of_an_architecture_transformers_cannot_load(tmp_path):
     writer.write_kv_data_to_file()
     writer.write_tensors_to_file()
     writer.close()
+    return path
+
+
+def test_an_import_parses_the_file_and_builds_each_name_map_once(tmp_path):
+    gguf = pytest.importorskip("gguf")
+    from r3rag.training.model_import import parsed_once
+
+    path = str(_odd_gguf(gguf, tmp_path / "odd.gguf"))
+    reader, name_map = gguf.GGUFReader, gguf.get_tensor_name_map
+    with parsed_once():
+        assert gguf.GGUFReader(path) is gguf.GGUFReader(path)  # what transformers calls, three times an import
+        assert gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2) is gguf.get_tensor_name_map(gguf.MODEL_ARCH.LLAMA, 2)
+        assert gguf.GGUFReader(path).fields["general.architecture"] is not None
+    assert (gguf.GGUFReader, gguf.get_tensor_name_map) == (reader, name_map)  # left as it was
+    assert gguf.GGUFReader(path) is not gguf.GGUFReader(path)
+
+
+def test_gguf_of_an_architecture_transformers_cannot_load(tmp_path):
+    """A valid GGUF whose architecture transformers does not dequantise: one line naming it."""
+    gguf = pytest.importorskip("gguf")
+    path = _odd_gguf(gguf, tmp_path / "odd.gguf")
     with pytest.raises(UserError, match="rwkv6"):
         from r3rag.training.model_import import load_gguf
 

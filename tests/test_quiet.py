@@ -152,32 +152,44 @@ def sft_runs(tmp_path_factory):
     return runs
 
 
-def r3rag(runs, *options, stage: str, settings: list[str], seed: int) -> subprocess.CompletedProcess:
-    """`r3rag [options] <stage> --set ...` in a subprocess; a new seed each time, so the stage runs
-    (an artifact that already exists is only reused, and says nothing)."""
+def _command(runs, options: tuple, stage: str, settings: list[str], seed: int) -> list[str]:
+    """`r3rag [options] <stage> --set ...`; a new seed each time, so the stage runs (an artifact
+    that already exists is only reused, and says nothing)."""
     sets = [arg for s in [*settings, f"seed={seed}"] for arg in ("--set", s)]
-    cmd = [sys.executable, "-m", "r3rag.cli", *options, stage, "--runs-dir", str(runs), *sets]
-    out = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=clean_env())
-    assert out.returncode == 0, out.stderr
-    return out
+    return [sys.executable, "-m", "r3rag.cli", *options, stage, "--runs-dir", str(runs), *sets]
+
+
+def quiet_and_verbose(runs, stage: str, settings: list[str]) -> tuple[subprocess.CompletedProcess, ...]:
+    """The stage run as `r3rag` and as `r3rag --verbose`, side by side: each process spends most of
+    its time importing torch, transformers and TRL, one core's work, so two at once take the time
+    of one on 2 cores."""
+    runs_of = {opts: _command(runs, opts, stage, settings, seed) for seed, opts in enumerate([(), ("--verbose",)], 1)}
+    procs = {
+        opts: subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=clean_env())
+        for opts, cmd in runs_of.items()
+    }
+    done = []
+    for opts, proc in procs.items():
+        out, err = proc.communicate(timeout=600)
+        assert proc.returncode == 0, err
+        done.append(subprocess.CompletedProcess(runs_of[opts], proc.returncode, out, err))
+    return tuple(done)
 
 
 @pytest.mark.slow  # two runs of a stage, each importing torch, transformers and TRL afresh
 def test_training_prints_its_own_progress_and_no_library_noise(sft_runs):
-    quiet = r3rag(sft_runs, stage="sft", settings=TINY_SFT, seed=1)
+    quiet, verbose = quiet_and_verbose(sft_runs, "sft", TINY_SFT)
     assert not [n for n in NOISE if n in quiet.stderr], quiet.stderr
     assert "sft: step " in quiet.stderr and "sft: wrote " in quiet.stderr, quiet.stderr
-    verbose = r3rag(sft_runs, "--verbose", stage="sft", settings=TINY_SFT, seed=2)
     assert "it/s" in verbose.stderr and "examples/s" in verbose.stderr, verbose.stderr  # Trainer's, datasets' bars
     assert "sft: step " not in verbose.stderr and "sft: wrote " in verbose.stderr
 
 
 @pytest.mark.slow  # two runs of a stage, each importing torch, transformers and TRL afresh
 def test_loading_a_policy_shows_no_weight_bar_unless_verbose(sft_runs):
-    quiet = r3rag(sft_runs, stage="eval", settings=TINY_EVAL, seed=1)
+    quiet, verbose = quiet_and_verbose(sft_runs, "eval", TINY_EVAL)
     assert not [n for n in NOISE if n in quiet.stderr], quiet.stderr
     assert "eval: wrote " in quiet.stderr
-    verbose = r3rag(sft_runs, "--verbose", stage="eval", settings=TINY_EVAL, seed=2)
     assert "Loading weights" in verbose.stderr, verbose.stderr
 
 

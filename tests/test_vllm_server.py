@@ -109,6 +109,32 @@ def test_a_server_that_fails_the_update_ends_the_sync_at_once(weight_server, mon
     assert time.monotonic() - start < 30
 
 
+def test_a_server_that_died_between_steps_stops_the_sync_at_once(weight_server):
+    """A refused connection at the next sync is the error it is in well under a second, not after
+    TRL's retries (five, ~60 s); server_lost makes it the one line naming --resume."""
+    import time
+
+    import requests
+
+    client = vllm_server.gloo_client_class()(base_url=weight_server)
+    client.init_communicator(device="cpu")
+    client.base_url = _nothing_listening()  # the server died after the last step
+    start = time.monotonic()
+    with pytest.raises(requests.ConnectionError):
+        client.update_model_params(torch.nn.Linear(4, 4))
+    assert time.monotonic() - start < 5
+    assert "/start_weight_update" not in WeightRoutes.calls
+
+
+def _nothing_listening() -> str:
+    """A URL on 127.0.0.1 where nothing listens (a port bound, then released)."""
+    import socket
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return f"http://127.0.0.1:{s.getsockname()[1]}"
+
+
 def test_a_server_without_the_gloo_transfer_is_named(weight_server, monkeypatch):
     monkeypatch.setattr(WeightRoutes, "transfer", {"backend": "nccl"})
     client = vllm_server.gloo_client_class()(base_url=weight_server)

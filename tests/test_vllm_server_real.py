@@ -2,14 +2,15 @@
 loopback, the trainer (rl.vllm=server) generates through it and sends each step's weights over gloo
 (r3rag.generation.vllm_server); no stand-in.
 
-One run of 3 GRPO steps (one server start fewer than two tests): its server killed after the first
+One run of 2 GRPO steps (one server start fewer than two tests): its server killed after the first
 checkpoint gives one line naming --resume and keeps the checkpoint; a new server and `resume=true`
-finish the run from it, the new server's greedy output moves (the trained weights reached it) and is
-step 2's checkpoint's greedy choice under transformers, each token at the log-probability transformers
-gives it (the weights are the trainer's, every layer, the tied LM head included), and it stops
-cleanly on Ctrl-C.
+finish the run from it: before step 2's rollouts the trainer sends the new server the checkpoint's
+weights, and the server's greedy output moves (the trained weights reached it) and is that
+checkpoint's greedy choice under transformers, each token at the log-probability transformers gives
+it (the weights are the trainer's, every layer, the tied LM head included); it stops cleanly on Ctrl-C.
 
-~10 min on 2 cores (each server start ~1 min). Skips with one line without vLLM, [real] or the data.
+~7 min on 2 AVX2 cores (each server start ~1.5 min, each step ~1.5 min). Skips with one line without
+vLLM, [real] or the data.
 """
 
 from __future__ import annotations
@@ -20,7 +21,6 @@ import signal
 import socket
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
@@ -91,15 +91,12 @@ def _rl(runs, policy: Path, server: Server, *settings: str):
     return run_stage("rl", PIPELINE, [*SETTINGS, f"policy={policy}", f"vllm_server_url={server.url}", *settings], runs)
 
 
-def _copy_when_saved(runs: Path, checkpoint: str, to: Path) -> None:
-    """Copy a GRPO checkpoint once it is whole (trainer_state.json is written after the weights)."""
+def _copy_checkpoint(runs: Path, checkpoint: str, to: Path) -> None:
+    """Copy a GRPO checkpoint (whole: trainer_state.json is written after the weights)."""
     import shutil
 
-    for _ in range(2400):
-        for state in runs.glob(f"rl/**/{checkpoint}/trainer_state.json"):
-            shutil.copytree(state.parent, to, ignore=shutil.ignore_patterns("optimizer.pt", "rng_state*"))
-            return
-        time.sleep(0.5)
+    (state,) = runs.glob(f"rl/**/{checkpoint}/trainer_state.json")
+    shutil.copytree(state.parent, to, ignore=shutil.ignore_patterns("optimizer.pt", "rng_state*"))
 
 
 def _steps(ref) -> list[int]:
@@ -107,34 +104,40 @@ def _steps(ref) -> list[int]:
 
 
 def test_grpo_through_a_vllm_server_a_killed_server_and_resume(searching_policy, tmp_path, monkeypatch):
-    """One run of 3 steps: its server killed after the first checkpoint, then resumed on a new one."""
+    """One run of 2 steps: its server killed after the first checkpoint, then resumed on a new one."""
     import r3rag.util.quiet
+    from r3rag.stages import rl as rl_stage
     from r3rag.training.modeling import load_model
     from r3rag.util.errors import UserError
 
     # As `r3rag rl` runs: r3rag's step lines, not the Trainer's tqdm bar. The killed run raises out of
-    # Trainer.train() before the bar's on_train_end, and the bar left open at 1/3 printed itself after
+    # Trainer.train() before the bar's on_train_end, and the bar left open at 1/2 printed itself after
     # pytest's summary when the interpreter freed it.
     monkeypatch.setattr(r3rag.util.quiet, "_verbose", False)
     runs, refs = searching_policy
     policy = refs["sft"].path
-    settings = ("steps=3", "save_steps=1", "name=server")
-    server = Server(runs, tmp_path / "server1.log")
-    killed = threading.Event()
+    settings = ("steps=2", "save_steps=1", "name=server")
+    server = first = Server(runs, tmp_path / "server1.log")
+    build = rl_stage._trainer
 
-    def kill_after_first_checkpoint():
-        while not killed.is_set():
-            if list(runs.glob("rl/**/checkpoint-1/trainer_state.json")):
-                server.kill()
-                killed.set()
-            time.sleep(0.5)
+    def killing_the_first_server(cfg, model, tokenizer, *rest):
+        from transformers import TrainerCallback
 
-    threading.Thread(target=kill_after_first_checkpoint, daemon=True).start()
+        trainer = build(cfg, model, tokenizer, *rest)
+
+        class KillAfterFirstCheckpoint(TrainerCallback):  # the checkpoint is whole, step 2's sync not begun
+            def on_save(self, args, state, control, **kw):
+                if state.global_step == 1 and first.proc.poll() is None:
+                    first.kill()
+
+        trainer.add_callback(KillAfterFirstCheckpoint())
+        return trainer
+
+    monkeypatch.setattr(rl_stage, "_trainer", killing_the_first_server)
     try:
         with pytest.raises(UserError) as lost:
             _rl(runs, policy, server, *settings)
     finally:
-        killed.set()
         if server.proc.poll() is None:
             server.kill()
     message = str(lost.value)
@@ -142,33 +145,32 @@ def test_grpo_through_a_vllm_server_a_killed_server_and_resume(searching_policy,
     assert list(runs.glob("rl/**/checkpoint-1/trainer_state.json")), "the last checkpoint was not kept"
     assert '"POST /update_weights HTTP/1.1" 200' in server.log.read_text()  # step 1's weights went over gloo
 
+    step1 = tmp_path / "step1"  # the weights the resumed run sends first: it deletes its checkpoints at the end
+    _copy_checkpoint(runs, "checkpoint-1", step1)
     server = Server(runs, tmp_path / "server2.log")
     prompt = "<|im_start|>user\nWho wrote Hamlet?<|im_end|>\n<|im_start|>assistant\n"
-    step2 = tmp_path / "step2"  # the weights sent before step 3: the run deletes its checkpoints at the end
-    threading.Thread(target=_copy_when_saved, args=(runs, "checkpoint-2", step2), daemon=True).start()
     try:
         before = server.greedy(prompt)  # the cold start's weights, as served
         ref = _rl(runs, policy, server, *settings, "resume=true")
-        after = server.greedy(prompt)  # the weights the trainer sent before step 3's rollouts
+        after = server.greedy(prompt)  # the weights the trainer sent before step 2's rollouts
     finally:
         code = server.stop()
-    assert _steps(ref)[-1] == 3
+    assert _steps(ref)[-1] == 2
     assert json.loads((ref.path / "manifest.json").read_text())["metrics"]["resumed_from_step"] == 1
     start = load_model(policy / "model", dtype="float32").state_dict()
     trained = load_model(ref.path / "model", dtype="float32").state_dict()
     assert any((start[k] - trained[k]).abs().max() > 0 for k in start)
     assert after[0] != before[0], "the server's greedy output did not move: the weights did not reach it"
-    # ...and they are step 2's weights, as the trainer holds them: each greedy token the server gave
+    # ...and they are checkpoint 1's weights, as the trainer holds them: each greedy token the server gave
     # is that checkpoint's best under transformers in fp32, with the same log-probability (vLLM's
     # layerwise reload repacks its kernels after the update; a layer left on its old copy shows here:
     # until repack_cpu_lm_head the tied LM head did, and a token's choice moved only now and then)
     from transformers import AutoTokenizer
 
-    assert (step2 / "trainer_state.json").exists(), "checkpoint-2 was never saved whole: nothing to compare with"
-    ids = AutoTokenizer.from_pretrained(step2)(prompt, add_special_tokens=False)["input_ids"]
-    step2_policy = load_model(step2, dtype="float32")
-    off = greedy_choices_off_the_best(step2_policy, ids, after[0])
-    gaps = logprob_gaps(step2_policy, ids, *after)
+    ids = AutoTokenizer.from_pretrained(step1)(prompt, add_special_tokens=False)["input_ids"]
+    step1_policy = load_model(step1, dtype="float32")
+    off = greedy_choices_off_the_best(step1_policy, ids, after[0])
+    gaps = logprob_gaps(step1_policy, ids, *after)
     print(f"served greedy tokens below transformers' best (nats): {[round(o, 5) for o in off]}")
     print(f"|served logprob - transformers'| (nats): {[round(g, 5) for g in gaps]}")
     assert max(off) < 1e-3 and max(gaps) < 1e-3

@@ -240,6 +240,21 @@ def gloo_client_class():
                 self.communicator = open_group(store, 0, size)
                 joined.result()
 
+        def _start_weight_update(self):
+            self._still_there()
+            super()._start_weight_update()
+
+        def _still_there(self) -> None:
+            """Before each sync: a server that answered a step ago and now refuses the connection
+            has died (a vLLM restart takes minutes), so one try says so at once, where TRL's
+            session retries a refused POST five times over ~60 s before the run can stop."""
+            import requests
+
+            try:
+                requests.get(f"{self.base_url}/health", timeout=30)
+            except requests.Timeout:
+                pass  # busy, not gone: TRL's own calls (and their retries) decide
+
         def update_named_params(self, metadata, named_params):
             names, dtype_names, shapes = (list(field) for field in zip(*metadata, strict=True))
             update = {"names": names, "dtype_names": dtype_names, "shapes": shapes}

@@ -18,6 +18,8 @@ Usage:
 
 from __future__ import annotations
 
+import contextlib
+import functools
 import importlib.util
 from pathlib import Path
 
@@ -83,15 +85,16 @@ def load_gguf(path: Path, dtype: str = "float32"):
 
     if dtype not in DTYPES:
         raise UserError(f"model.dtype: expected one of {', '.join(DTYPES)}, got {dtype!r}")
-    arch = gguf_architecture(path)
-    try:
-        tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
-        quantised = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
-    except (ValueError, KeyError, NotImplementedError, RuntimeError) as e:
-        raise UserError(
-            f"{path}: transformers cannot load GGUF architecture {arch!r} as a causal LM "
-            f"({type(e).__name__}: {str(e).splitlines()[0][:160]})"
-        ) from None
+    with parsed_once():
+        arch = gguf_architecture(path)
+        try:
+            tokenizer = AutoTokenizer.from_pretrained(str(path.parent), gguf_file=path.name)
+            quantised = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name)
+        except (ValueError, KeyError, NotImplementedError, RuntimeError) as e:
+            raise UserError(
+                f"{path}: transformers cannot load GGUF architecture {arch!r} as a causal LM "
+                f"({type(e).__name__}: {str(e).splitlines()[0][:160]})"
+            ) from None
     config = quantised.config
     if hasattr(config, "quantization_config"):
         del config.quantization_config  # what makes the GGUF-loaded model refuse save_pretrained
@@ -100,6 +103,25 @@ def load_gguf(path: Path, dtype: str = "float32"):
     model.generation_config = quantised.generation_config
     special_tokens_from_config(tokenizer, config)
     return model.eval(), tokenizer
+
+
+@contextlib.contextmanager
+def parsed_once():
+    """While a GGUF file is imported, each parse of it and each tensor-name map is made once.
+    transformers (5.17-5.25) parses the whole file (its ~49k-token vocabulary, field by field) for
+    the tokenizer, the config and the weights, and builds gguf's name map for every one of the
+    model's modules (397 for SmolLM2): ~4/5 of a ~45 s import on 2 AVX2 cores. Both are looked up on
+    the `gguf` module when used, so memoised stand-ins there serve every caller; read-only objects."""
+    gguf = require("gguf", "real", "reading GGUF files")
+
+    originals = {name: getattr(gguf, name) for name in ("GGUFReader", "get_tensor_name_map")}
+    for name, original in originals.items():
+        setattr(gguf, name, functools.cache(original))
+    try:
+        yield
+    finally:
+        for name, original in originals.items():
+            setattr(gguf, name, original)
 
 
 def special_tokens_from_config(tokenizer, config) -> None:
