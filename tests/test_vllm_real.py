@@ -25,6 +25,11 @@ EVAL = ["rl=", "systems=[sft]", "models={}", "compare_to=[]", "max_new_tokens=64
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 
+# The eval's engine pool, kept for the env_mask test (next in this file): one engine start fewer
+# (~40 s on 2 cores); a test run alone starts its own.
+EVAL_ENGINES: list = []
+
+
 def _eval(runs, refs, *settings):
     from r3rag.experiments.pipeline import run_stage
 
@@ -33,9 +38,18 @@ def _eval(runs, refs, *settings):
     return {json.loads(line)["id"]: json.loads(line) for line in (ref.path / "predictions.jsonl").open()}
 
 
-def test_eval_on_vllm_answers_as_transformers_does(searching_policy):
+def test_eval_on_vllm_answers_as_transformers_does(searching_policy, monkeypatch):
+    from r3rag.generation.vllm import EnginePool
+    from r3rag.stages import eval as eval_stage
+
+    class Kept(EnginePool):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, **kwargs)
+            EVAL_ENGINES[:] = [self]
+
     runs, refs = searching_policy
     hf = _eval(runs, refs, "name=hf", "backend=transformers")
+    monkeypatch.setattr(eval_stage, "EnginePool", Kept)
     vllm = _eval(runs, refs, "name=vllm", "backend=vllm")
     assert len(hf) == len(vllm) == 30 and set(hf) == set(vllm)
     for preds in (hf, vllm):  # the loop ran: searches, documents, more turns
@@ -45,6 +59,38 @@ def test_eval_on_vllm_answers_as_transformers_does(searching_policy):
     differ = {q: (hf[q]["answer"], vllm[q]["answer"]) for q in hf if hf[q]["answer"] != vllm[q]["answer"]}
     print(f"per-question EM equal on {len(same_em)}/30; answers differ on {len(differ)}: {differ}")
     assert len(same_em) / 30 >= 0.95
+
+
+def test_env_mask_is_the_same_from_vllm_and_transformers_rollouts(searching_policy):
+    from r3rag.core.env import EnvConfig, run_rollouts
+    from r3rag.core.protocol import Protocol
+    from r3rag.generation.hf import HFGenerator
+    from r3rag.generation.vllm import EnginePool, LLMGenerator
+    from r3rag.retrieval import open_retriever
+    from r3rag.rl.grpo import rollout_batch
+    from r3rag.training.helpers import load_protocol_dict
+    from r3rag.training.modeling import load_policy
+    from r3rag.util.jsonl import read_jsonl
+
+    runs, refs = searching_policy
+    policy = refs["sft"].path
+    questions = read_jsonl(refs["world"].path / "train.jsonl")[:12]
+    protocol = Protocol(**load_protocol_dict(policy))
+    retriever = open_retriever("", refs["index"])
+    cfg = EnvConfig(top_k=3, max_turns=3, max_new_tokens=48)
+    model, tok = load_policy(policy)
+    model.eval()
+    by_hf = run_rollouts(questions, HFGenerator(model, tok, batch_size=12), retriever, protocol, cfg, tok)
+    llm = (EVAL_ENGINES.pop() if EVAL_ENGINES else EnginePool()).get(str(policy / "model"), "float32")
+    by_vllm = run_rollouts(questions, LLMGenerator(llm, tok), retriever, protocol, cfg, tok)
+    del llm  # freed before the colocated engines of the tests below start in this process
+    hf = rollout_batch(by_hf, tok.eos_token_id, 640)
+    vl = rollout_batch(by_vllm, tok.eos_token_id, 640)
+    same = [i for i in range(len(questions)) if hf["completion_ids"][i] == vl["completion_ids"][i]]
+    assert len(same) >= len(questions) // 2  # greedy on both: most trajectories are the same tokens
+    assert any(0 in hf["env_mask"][i] for i in same)  # ...and some of them hold retrieved documents
+    for i in same:
+        assert hf["env_mask"][i] == vl["env_mask"][i]
 
 
 def _greedy(llm, prompt_ids: list[int], n: int) -> list[int]:
@@ -130,37 +176,6 @@ def test_grpo_colocate_trains_and_the_weights_reach_vllm(searching_policy, monke
     diffs = [(s["sampling/sampling_logp_difference/mean"], s["sampling/sampling_logp_difference/max"]) for s in steps]
     print(f"|vLLM logprob - trainer logprob| per step (mean, max): {diffs}")
     assert all(mean < 0.1 for mean, _ in diffs)
-
-
-def test_env_mask_is_the_same_from_vllm_and_transformers_rollouts(searching_policy):
-    from r3rag.core.env import EnvConfig, run_rollouts
-    from r3rag.core.protocol import Protocol
-    from r3rag.generation.hf import HFGenerator
-    from r3rag.generation.vllm import EnginePool, LLMGenerator
-    from r3rag.retrieval import open_retriever
-    from r3rag.rl.grpo import rollout_batch
-    from r3rag.training.helpers import load_protocol_dict
-    from r3rag.training.modeling import load_policy
-    from r3rag.util.jsonl import read_jsonl
-
-    runs, refs = searching_policy
-    policy = refs["sft"].path
-    questions = read_jsonl(refs["world"].path / "train.jsonl")[:12]
-    protocol = Protocol(**load_protocol_dict(policy))
-    retriever = open_retriever("", refs["index"])
-    cfg = EnvConfig(top_k=3, max_turns=3, max_new_tokens=48)
-    model, tok = load_policy(policy)
-    model.eval()
-    by_hf = run_rollouts(questions, HFGenerator(model, tok, batch_size=12), retriever, protocol, cfg, tok)
-    llm = EnginePool().get(str(policy / "model"), "float32")
-    by_vllm = run_rollouts(questions, LLMGenerator(llm, tok), retriever, protocol, cfg, tok)
-    hf = rollout_batch(by_hf, tok.eos_token_id, 640)
-    vl = rollout_batch(by_vllm, tok.eos_token_id, 640)
-    same = [i for i in range(len(questions)) if hf["completion_ids"][i] == vl["completion_ids"][i]]
-    assert len(same) >= len(questions) // 2  # greedy on both: most trajectories are the same tokens
-    assert any(0 in hf["env_mask"][i] for i in same)  # ...and some of them hold retrieved documents
-    for i in same:
-        assert hf["env_mask"][i] == vl["env_mask"][i]
 
 
 def test_ppo_colocate_trains_policy_and_critic_and_only_the_policy_reaches_vllm(searching_policy, monkeypatch):
