@@ -12,7 +12,7 @@ import pytest
 BENCHMARKS = Path(__file__).resolve().parents[1] / "benchmarks"
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the rollout benchmark as a script: ~13 s (2 AVX2 cores)
 def test_rollout_benchmark_prints_its_keys(tmp_path):
     # tmp_path has no runs/sft: the script falls back to a random tiny model
     out = subprocess.run(
@@ -32,7 +32,7 @@ def test_rollout_benchmark_prints_its_keys(tmp_path):
     assert abs(shares - 1) < 0.01
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the real-model benchmark on SmolLM2: ~25 s, after the model's import (2 AVX2 cores)
 @pytest.mark.timeout(1500)  # a 135M model through every stage on 2 cores: minutes, more on a loaded machine
 def test_real_model_benchmark_quick(smollm2_runs, tmp_path):
     """The real-model benchmark's generate and env parts, shrunk (its SFT and GRPO parts take

@@ -360,7 +360,7 @@ def test_stemmer_setting_reaches_bm25s(tmp_path):
     assert r.search(["run"], 1)[0][0].doc_id == "a"
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the retrieval-scale benchmark as a script: ~9 s (2 AVX2 cores)
 def test_scale_benchmark_prints_its_keys(shared_root, tmp_path):
     """benchmarks/retrieval_scale.py at a tiny size: every section runs, the last line has every key,
     and the temp dir is gone (the figures themselves mean nothing at this size)."""

@@ -68,7 +68,7 @@ def test_hub_model_is_recorded_not_copied(tmp_path):
     assert model_location("model:latest", inputs) == "Qwen/Qwen2.5-3B-Instruct"
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # every stage on SmolLM2: ~75 s (2 AVX2 cores)
 @pytest.mark.timeout(1500)  # a 135M model through every stage on 2 cores: minutes, more on a loaded machine
 def test_every_stage_on_the_real_model(smollm2_runs, shared_root):
     from r3rag.experiments.pipeline import run_pipeline

@@ -184,7 +184,7 @@ def _rl_cmd(runs, *extra):
     return [sys.executable, "-m", "r3rag.cli", *_rl_args(runs, name="killed", steps=12, save_steps=2), *extra]
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # a GRPO run killed in a subprocess, then resumed: ~34 s (2 AVX2 cores)
 def test_resume_after_a_kill_continues_from_the_last_checkpoint(pipeline_runs):
     from r3rag.util.jsonl import read_jsonl
 
@@ -286,7 +286,7 @@ def test_accelerate_configs_are_valid_yaml(name):
     assert cfg["num_processes"] >= 2 and cfg["distributed_type"] in ("MULTI_GPU", "DEEPSPEED", "FSDP")
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # accelerate launches two processes, each importing torch: ~23 s a case (2 AVX2 cores)
 @pytest.mark.parametrize("algorithm", ["grpo", "ppo"])
 def test_two_processes_on_cpu_each_roll_out_their_share(pipeline_runs, tmp_path, algorithm):
     """accelerate launch --num_processes 2 on CPU (gloo): the run finishes, both ranks contribute

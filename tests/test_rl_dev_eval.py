@@ -116,7 +116,7 @@ def test_dev_eval_without_a_dev_split_is_one_line(pipeline_runs, tmp_path):
     assert_one_line_error(out, "rl.keep=best_dev")
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # two GRPO runs with dev evals, one killed and resumed: ~13 s (2 AVX2 cores)
 def test_a_resumed_run_with_the_new_settings_ends_where_a_straight_run_ends(searching_policy, tmp_path, monkeypatch):
     """Dynamic sampling (refills drawn from a seeded generator; with this weak policy and
     reward some groups are flat every step) and best-on-dev, with a kill right after

@@ -71,7 +71,7 @@ def endpoint_sets(pol_url: str, judge_url: str, name: str) -> list[str]:
     ]
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the CLI end to end in a subprocess against two chat servers: ~5 s (2 AVX2 cores)
 def test_key_reaches_the_endpoint_and_nothing_else(runs):
     with ChatServer(reply=policy) as pol, ChatServer(reply=lambda b: "Final answer: True") as jud:
         out = cli(runs, *endpoint_sets(pol.url, jud.url, "secret"))
@@ -85,7 +85,7 @@ def test_key_reaches_the_endpoint_and_nothing_else(runs):
     assert KEY_ENV in manifest  # the variable's name is recorded (so a rerun knows what to set), not its value
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # the CLI end to end in a subprocess against two chat servers: ~6 s (2 AVX2 cores)
 def test_rejected_key_is_not_echoed(runs):
     with ChatServer(reply=policy, faults=lambda body: "401") as pol, ChatServer(reply=lambda b: "x") as jud:
         out = cli(runs, *endpoint_sets(pol.url, jud.url, "rejected"))

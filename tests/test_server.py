@@ -157,7 +157,7 @@ def test_concurrent_requests_are_batched(world):
             _assert_same(g, w)
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # a load test, 8 clients and 200 requests: ~2 s (2 AVX2 cores)
 def test_load_8_clients_200_requests(world, server):
     retriever, queries = world
     url, counting = server

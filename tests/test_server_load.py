@@ -97,7 +97,7 @@ def slow_client(port: int, kind: str, out: list) -> None:
     s.close()
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # a load test, 16 clients and 500 requests: ~5 s (2 AVX2 cores)
 def test_16_clients_500_requests_with_slow_loris(server):
     url, port, queries = server
     slow: list = []
@@ -164,7 +164,7 @@ def listening_addresses(port: int) -> set[str]:
     return out
 
 
-@pytest.mark.slow
+@pytest.mark.slow  # starts the load tests' server (a module fixture): ~2 s (2 AVX2 cores)
 def test_binds_loopback_by_default(server):
     _, port, _ = server  # started without --host
     assert listening_addresses(port) == {"127.0.0.1"}

@@ -22,6 +22,7 @@ from tests.vllm_policy import PIPELINE, greedy_choices_off_the_best, searching_p
 
 EVAL = ["rl=", "systems=[sft]", "models={}", "compare_to=[]", "max_new_tokens=64", "limit=0"]
 
+# vLLM's CPU build for real: an engine start and SmolLM2 steps, minutes a test.
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 

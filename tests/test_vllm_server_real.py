@@ -34,6 +34,7 @@ from tests.vllm_policy import (  # noqa: F401 (fixtures)
     vllm_installed,
 )
 
+# Two vLLM servers and two GRPO steps on SmolLM2: ~5 min.
 pytestmark = [pytest.mark.vllm, pytest.mark.slow, pytest.mark.timeout(2400)]
 
 SETTINGS = ["prompts_per_step=2", "num_generations=4", "grad_accum=1", "max_new_tokens=48", "max_turns=2"]

@@ -74,7 +74,7 @@ def run(cfg: Config, ctx: Context):
     set_threads(cfg.threads)
     with writer:
         t0 = time.time()
-        ctx.console.print(f"model: dequantising {gguf.name} (about 20 s for 135M parameters)")
+        ctx.console.print(f"model: dequantising {gguf.name} (about 25 s for 135M parameters)")
         model, tokenizer = _load(gguf, cfg.dtype)
         model.save_pretrained(writer.dir / "model", safe_serialization=True)
         tokenizer.save_pretrained(writer.dir / "model")
