@@ -7,7 +7,11 @@ path a GPU run takes, on SmolLM2-135M-Instruct and real questions; no stand-in.
 - GRPO rl.vllm=colocate: 3 steps; the trained weights reach the engine (exactly, in fp32; its
   greedy output moves and is the trained model's greedy choice under transformers); the rollouts'
   vLLM logprobs against the trainer's recomputed ones;
-- the env_mask GRPO trains on: the same from vLLM's and transformers' rollouts of the same tokens.
+- the env_mask GRPO trains on: the same from vLLM's and transformers' rollouts of the same tokens;
+- PPO rl.vllm=colocate: 2 steps; the critic trains, the engine holds the policy's weights only.
+
+Each colocated run trains in a process of its own (`in_own_process`: its engine's memory is freed
+with it), its probe's findings sent back to be checked here.
 
 Each skips with one line without vLLM, the [real] extra or the shared data. Minutes each on 2 cores.
 """
@@ -18,7 +22,13 @@ import json
 
 import pytest
 
-from tests.vllm_policy import PIPELINE, greedy_choices_off_the_best, searching_policy, vllm_installed  # noqa: F401 (fixtures)
+from tests.vllm_policy import (  # noqa: F401 (fixtures)
+    PIPELINE,
+    greedy_choices_off_the_best,
+    in_own_process,
+    searching_policy,
+    vllm_installed,
+)
 
 EVAL = ["rl=", "systems=[sft]", "models={}", "compare_to=[]", "max_new_tokens=64", "limit=0"]
 
@@ -84,7 +94,6 @@ def test_env_mask_is_the_same_from_vllm_and_transformers_rollouts(searching_poli
     by_hf = run_rollouts(questions, HFGenerator(model, tok, batch_size=12), retriever, protocol, cfg, tok)
     llm = (EVAL_ENGINES.pop() if EVAL_ENGINES else EnginePool()).get(str(policy / "model"), "float32")
     by_vllm = run_rollouts(questions, LLMGenerator(llm, tok), retriever, protocol, cfg, tok)
-    del llm  # freed before the colocated engines of the tests below start in this process
     hf = rollout_batch(by_hf, tok.eos_token_id, 640)
     vl = rollout_batch(by_vllm, tok.eos_token_id, 640)
     same = [i for i in range(len(questions)) if hf["completion_ids"][i] == vl["completion_ids"][i]]
@@ -119,19 +128,18 @@ def _engine_weight_gap(llm, model) -> tuple[int, float]:
     return len(gaps), max(gaps)
 
 
-def test_grpo_colocate_trains_and_the_weights_reach_vllm(searching_policy, monkeypatch):
+def _grpo_colocate(runs, policy) -> tuple[str, dict]:
+    """3 GRPO steps with rl.vllm=colocate (in its own process): the run's path and what the probe saw
+    of the engine: its greedy answer before training and after the last sync, its weights' gap."""
+    from transformers import TrainerCallback
 
     from r3rag.experiments.pipeline import run_stage
     from r3rag.stages import rl as rl_stage
-    from r3rag.training.modeling import load_model
 
-    runs, refs = searching_policy
     seen: dict = {}
     build = rl_stage._trainer
 
     def probed(cfg, model, tokenizer, *rest):
-        from transformers import TrainerCallback
-
         trainer = build(cfg, model, tokenizer, *rest)
         prompt = tokenizer.apply_chat_template(
             [{"role": "user", "content": "Who wrote Hamlet?"}], add_generation_prompt=True, tokenize=True
@@ -151,27 +159,32 @@ def test_grpo_colocate_trains_and_the_weights_reach_vllm(searching_policy, monke
         trainer.add_callback(Probe())
         return trainer
 
-    monkeypatch.setattr(rl_stage, "_trainer", probed)
+    rl_stage._trainer = probed  # this process ends with the run
     settings = ["steps=3", "prompts_per_step=2", "num_generations=4", "grad_accum=1", "max_new_tokens=48"]
-    settings += [
-        "max_turns=2",
-        "max_completion_tokens=640",
-        "save_steps=0",
-        "lr=2e-4",
-        "rewards={em: 1.0, format: 0.5}",
-    ]
-    ref = run_stage("rl", PIPELINE, [*settings, "vllm=colocate", f"policy={refs['sft'].path}", "name=colocate"], runs)
-    steps = [json.loads(line) for line in (ref.path / "metrics.jsonl").open()]
+    settings += ["max_turns=2", "max_completion_tokens=640", "save_steps=0", "lr=2e-4"]
+    settings += ["rewards={em: 1.0, format: 0.5}", "vllm=colocate", f"policy={policy}", "name=colocate"]
+    return str(run_stage("rl", PIPELINE, settings, runs).path), seen
+
+
+def test_grpo_colocate_trains_and_the_weights_reach_vllm(searching_policy):
+    from pathlib import Path
+
+    from r3rag.training.modeling import load_model
+
+    runs, refs = searching_policy
+    path, seen = in_own_process(_grpo_colocate, runs, refs["sft"].path)
+    path = Path(path)
+    steps = [json.loads(line) for line in (path / "metrics.jsonl").open()]
     assert [s["step"] for s in steps] == [1, 2, 3]
     before = load_model(refs["sft"].path / "model", dtype="float32").state_dict()
-    after = load_model(ref.path / "model", dtype="float32").state_dict()
+    after = load_model(path / "model", dtype="float32").state_dict()
     assert any((before[k] - after[k]).abs().max() > 0 for k in before)  # a step had a gradient
     compared, gap = seen["weights"]
     assert compared > 100 and gap == 0.0  # the engine holds the trainer's weights, fp32 as they are
     assert seen["after"] != seen["before"]  # ...and generates with them: its greedy output moved
     # and is the trained model's greedy choice at every token, scored by transformers in fp32 (at
     # a near tie either kernel may take either token: a tolerance, not token equality)
-    off = greedy_choices_off_the_best(load_model(ref.path / "model", dtype="float32"), seen["prompt"], seen["after"])
+    off = greedy_choices_off_the_best(load_model(path / "model", dtype="float32"), seen["prompt"], seen["after"])
     print(f"vLLM's greedy tokens below transformers' best (nats): {[round(o, 5) for o in off]}")
     assert max(off) < 1e-3
     diffs = [(s["sampling/sampling_logp_difference/mean"], s["sampling/sampling_logp_difference/max"]) for s in steps]
@@ -179,20 +192,18 @@ def test_grpo_colocate_trains_and_the_weights_reach_vllm(searching_policy, monke
     assert all(mean < 0.1 for mean, _ in diffs)
 
 
-def test_ppo_colocate_trains_policy_and_critic_and_only_the_policy_reaches_vllm(searching_policy, monkeypatch):
-    """rl.algorithm=ppo with rl.vllm=colocate: 2 steps on SmolLM2; the critic (a second SmolLM2
-    backbone with a value head) trains beside the policy, vLLM's logprobs stay the trainer's, and the
-    engine holds the policy's weights, never the critic's."""
+def _ppo_colocate(runs, policy) -> tuple[str, dict]:
+    """2 PPO steps with rl.vllm=colocate (in its own process): the run's path, the engine's weights'
+    gap to the policy after the last sync, and whether the critic's optimizer took a step."""
+    from transformers import TrainerCallback
+
     from r3rag.experiments.pipeline import run_stage
     from r3rag.stages import rl as rl_stage
 
-    runs, refs = searching_policy
     seen: dict = {}
     build = rl_stage._trainer
 
     def probed(cfg, model, tokenizer, *rest):
-        from transformers import TrainerCallback
-
         trainer = build(cfg, model, tokenizer, *rest)
 
         class Probe(TrainerCallback):
@@ -204,11 +215,22 @@ def test_ppo_colocate_trains_policy_and_critic_and_only_the_policy_reaches_vllm(
         trainer.add_callback(Probe())
         return trainer
 
-    monkeypatch.setattr(rl_stage, "_trainer", probed)
+    rl_stage._trainer = probed  # this process ends with the run
     settings = ["steps=2", "prompts_per_step=2", "num_generations=2", "max_new_tokens=32", "max_turns=2"]
     settings += ["max_completion_tokens=512", "save_steps=0", "lr=2e-4", "critic_lr=1e-4", "algorithm=ppo"]
-    ref = run_stage("rl", PIPELINE, [*settings, "vllm=colocate", f"policy={refs['sft'].path}", "name=ppo"], runs)
-    steps = [json.loads(line) for line in (ref.path / "metrics.jsonl").open()]
+    settings += ["vllm=colocate", f"policy={policy}", "name=ppo"]
+    return str(run_stage("rl", PIPELINE, settings, runs).path), seen
+
+
+def test_ppo_colocate_trains_policy_and_critic_and_only_the_policy_reaches_vllm(searching_policy):
+    """rl.algorithm=ppo with rl.vllm=colocate: 2 steps on SmolLM2; the critic (a second SmolLM2
+    backbone with a value head) trains beside the policy, vLLM's logprobs stay the trainer's, and the
+    engine holds the policy's weights, never the critic's."""
+    from pathlib import Path
+
+    runs, refs = searching_policy
+    path, seen = in_own_process(_ppo_colocate, runs, refs["sft"].path)
+    steps = [json.loads(line) for line in (Path(path) / "metrics.jsonl").open()]
     assert [s["step"] for s in steps] == [1, 2]
     assert all("critic/value_loss" in s and "critic/explained_variance" in s for s in steps)
     assert seen["critic_moved"]

@@ -39,6 +39,43 @@ def searching_policy(vllm_installed, smollm2_runs, shared_root):
     return runs, refs
 
 
+def in_own_process(fn, *args):
+    """`fn(*args)` in a fresh interpreter, its (picklable) return value back; its error as this
+    test's failure. TRL's colocated vLLM engine outlives its trainer in the process that started it
+    (held where gc.collect() does not reach: ~5 GB a run on SmolLM2 with its 2 GiB KV cache), so
+    two colocated runs and the server test in one pytest process passed 24 GB: each colocated run
+    gets a process of its own, and its memory goes with it (~15 s of imports)."""
+    import multiprocessing
+
+    context = multiprocessing.get_context("spawn")  # not fork: torch's OpenMP pool does not survive one
+    receive, send = context.Pipe(duplex=False)
+    child = context.Process(target=_send_result, args=(send, fn, args))
+    child.start()
+    send.close()
+    try:
+        ok, value = receive.recv()
+    except EOFError:  # it died without a word: killed (out of memory, say)
+        ok, value = False, "no result"
+    finally:
+        child.join(timeout=60)
+        if child.is_alive():
+            child.kill()
+    if not ok:
+        pytest.fail(f"{fn.__name__} in its own process (exit code {child.exitcode}): {value}", pytrace=False)
+    return value
+
+
+def _send_result(send, fn, args) -> None:
+    import traceback
+
+    try:
+        send.send((True, fn(*args)))
+    except BaseException:
+        send.send((False, traceback.format_exc()))
+    finally:
+        send.close()
+
+
 def _continuation_logprobs(model, prompt: list[int], tokens: list[int]):
     """`model`'s log-probabilities (fp32) at each position of a continuation: [len(tokens), vocab]."""
     import torch
