@@ -85,6 +85,36 @@ def test_bad_long_horizon_settings_are_one_line():
             generate_world(WorldConfig(**bad))
 
 
+def test_types_reads_only_those_questions_before_the_limit_and_stays_out_of_the_hash(world, tmp_path):
+    from types import SimpleNamespace
+
+    from r3rag.stages.common import QuestionSource
+    from r3rag.stages.eval import Config as EvalConfig
+    from r3rag.stages.rl import Config as RLConfig
+    from r3rag.stages.rl import _dev_questions
+    from r3rag.util.config import hashed_settings
+    from r3rag.util.errors import UserError
+    from r3rag.util.jsonl import write_jsonl
+
+    write_jsonl(tmp_path / "test.jsonl", world.splits["test"])
+    write_jsonl(tmp_path / "questions.jsonl", world.splits["test"])
+    from_world = {"world": SimpleNamespace(path=tmp_path)}
+    from_file = {"questions": SimpleNamespace(path=tmp_path / "questions.jsonl")}
+    chains = [q["id"] for q in _long(world.splits["test"], qtype="mentor_chain")]
+    for inputs in (from_world, from_file):
+        picked = QuestionSource(split="test", types=["mentor_chain"], limit=5).read_questions(inputs)
+        assert [q["id"] for q in picked] == chains[:5]  # the type first, then the first 5 of them
+        every = QuestionSource(split="test", limit=5).read_questions(inputs)
+        assert [q["id"] for q in every] == [q["id"] for q in world.splits["test"][:5]]  # as before: no L's
+        with pytest.raises(UserError, match=r"types=\['chain'\]: no such question in .*its types: .*mentor_chain"):
+            QuestionSource(split="test", types=["chain"]).read_questions(inputs)
+    write_jsonl(tmp_path / "dev.jsonl", world.splits["dev"])  # rl's dev evaluation reads the same types
+    dev = _dev_questions(RLConfig(eval_every=5, eval_limit=3, types=["count_before"]), from_world)
+    assert [q["id"] for q in dev] == [q["id"] for q in _long(world.splits["dev"], qtype="count_before")][:3]
+    assert "types" not in hashed_settings(EvalConfig())  # unset, every artifact keeps its id
+    assert hashed_settings(EvalConfig(types=["mentor_chain"]))["types"] == ["mentor_chain"]
+
+
 def test_the_oracle_teacher_solves_long_questions(world, retriever):
     questions = [q for n in (1, 7, 16, 33) for q in _long(world.test, n)]
     cfg = EnvConfig(top_k=3, max_turns=41, max_new_tokens=64, max_completion_tokens=100_000)

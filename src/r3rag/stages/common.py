@@ -28,7 +28,7 @@ from r3rag.core.artifacts import (
     resolve,
 )
 from r3rag.core.build_lock import ArtifactBusy, BuildLock
-from r3rag.util.config import hashed_settings, recorded_settings
+from r3rag.util.config import hashed_settings, hashed_when_set, recorded_settings
 from r3rag.util.errors import UserError
 from r3rag.util.jsonl import iter_numbered, read_jsonl, unique_by_id
 
@@ -211,13 +211,33 @@ class QuestionSource:
     questions: str = ""  # ...a question JSONL file (what `r3rag import` writes)
     split: str = "train"  # which of the world's splits: train, dev or test
     limit: int = 0  # the first N questions (0 = all)
+    # only the questions whose metadata type is one of these, before `limit` ([] = every type), e.g.
+    # the long-horizon ones: [mentor_chain, founded_first, count_before]
+    types: list[str] = hashed_when_set(default_factory=list, silent=True)
 
     def read_questions(self, inputs: dict[str, ArtifactRef]) -> list[dict]:
         """The questions, from the resolved `questions` file input, else the `world` artifact."""
         if "questions" in inputs:
-            return load_questions(inputs["questions"].path, limit=self.limit)
-        rows = read_jsonl(inputs["world"].path / f"{self.split}.jsonl", required=("id", "question", "golden_answers"))
-        return [{**q, "id": str(q["id"])} for q in (rows[: self.limit] if self.limit else rows)]
+            path = inputs["questions"].path  # read to `limit` only when no type filter comes first
+            where, rows = str(path), load_questions(path, limit=0 if self.types else self.limit)
+        else:
+            where = f"{inputs['world'].path.name}/{self.split}.jsonl"
+            path = inputs["world"].path / f"{self.split}.jsonl"
+            rows = [{**q, "id": str(q["id"])} for q in read_jsonl(path, required=("id", "question", "golden_answers"))]
+        rows = of_types(rows, self.types, where)
+        return rows[: self.limit] if self.limit else rows
+
+
+def of_types(rows: list[dict], types: list[str], where: str) -> list[dict]:
+    """The rows whose metadata type is in `types` (all of them when it is empty); none is one line
+    naming the types there are."""
+    if not types:
+        return rows
+    kept = [q for q in rows if (q.get("metadata") or {}).get("type") in types]
+    if not kept:
+        there = sorted({str((q.get("metadata") or {}).get("type")) for q in rows})
+        raise UserError(f"types={list(types)}: no such question in {where} (its types: {', '.join(there)})")
+    return kept
 
 
 def _question(row: dict, where: str) -> dict:

@@ -21,7 +21,8 @@ at most `dynamic_sampling_rounds` refills a step), and per-step credit for the p
 of being folded into the trajectory's number; see `r3rag.rl.rewards` and `r3rag.training.trainers`).
 
 Dev evaluation: `eval_every=N` answers `eval_limit` dev questions greedily (the world's
-`dev.jsonl`, or `eval_questions`) before training, every N steps and at the last, through the
+`dev.jsonl`, or `eval_questions`; only those of `types` where it is set, as the training
+questions) before training, every N steps and at the last, through the
 same env loop; `dev/em` and `dev/f1` go into that step's metrics.jsonl line beside the
 training reward. `keep=best_dev` publishes the best step's weights instead of the last; the
 manifest records `kept_step` and `kept_dev_em` either way.
@@ -67,6 +68,7 @@ from r3rag.stages.common import (
     add_model_input,
     load_questions,
     model_location,
+    of_types,
     process_state,
     resolve_inputs,
     set_threads,
@@ -204,18 +206,21 @@ def _start(cfg: Config, inputs):
 
 
 def _dev_questions(cfg: Config, inputs) -> list[dict]:
-    """The questions `eval_every` evaluates on: `eval_questions`, else the world's dev.jsonl."""
+    """The questions `eval_every` evaluates on: `eval_questions`, else the world's dev.jsonl; of
+    `types` where it is set, as the training questions are."""
     if not cfg.eval_every:
         return []
     if "eval_questions" in inputs:
-        return load_questions(inputs["eval_questions"].path, limit=cfg.eval_limit)
+        path = inputs["eval_questions"].path
+        questions = of_types(load_questions(path, limit=0 if cfg.types else cfg.eval_limit), cfg.types, str(path))
+        return questions[: cfg.eval_limit] if cfg.eval_limit else questions
     path = inputs["world"].path / "dev.jsonl" if "world" in inputs else None
     if path is None or not path.is_file():
         where = (
             f"the world artifact {inputs['world'].path} has no dev.jsonl" if path else "rl.questions gives no dev split"
         )
         raise UserError(f"rl.eval_every: {where}; set rl.eval_questions to a question JSONL file (or eval_every=0)")
-    questions = read_jsonl(path, required=("id", "question", "golden_answers"))
+    questions = of_types(read_jsonl(path, required=("id", "question", "golden_answers")), cfg.types, str(path))
     return questions[: cfg.eval_limit] if cfg.eval_limit else questions
 
 

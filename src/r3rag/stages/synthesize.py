@@ -71,6 +71,7 @@ from r3rag.stages.common import (
     QuestionSource,
     add_model_input,
     model_location,
+    of_types,
     resolve_inputs,
     set_threads,
 )
@@ -293,7 +294,7 @@ def _extra_worlds(cfg: Config, inputs):
     rng = random.Random(cfg.seed)
     for i in range(cfg.extra_worlds):
         world = generate_world(fresh_world_config(base, i, cfg.extra_world_clusters))
-        pool = [q for q in world.questions if not (chain_names([q]) & held_out)]
+        pool = of_types([q for q in world.questions if not (chain_names([q]) & held_out)], cfg.types, f"world {i}")
         qs = rng.sample(pool, min(cfg.extra_questions_per_world, len(pool)))
         for q in qs:
             q["id"] = f"w{i}-{q['id']}"
