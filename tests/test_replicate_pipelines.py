@@ -90,3 +90,27 @@ def test_the_real_model_table_has_seeds_a_dev_split_and_a_trained_reader(tmp_pat
     for name in ("real-smollm2-seeds.yaml", "real-smollm2-dev.yaml"):
         out = r3rag_inprocess("run", PIPELINES / name, "--dry-run", "--runs-dir", tmp_path / "runs")
         assert out.returncode == 0, out.stderr
+
+
+def test_the_long_horizon_experiment_compares_one_thing_and_plans(tmp_path):
+    """long-horizon.yaml: its arms differ only in what the loop shows the model (every stage that
+    rolls out, and the SFT rows that follow from it), share one context budget within the tiny
+    model's positions, read only the long questions; its pilot scores on dev. Both plan."""
+    from r3rag.data.world_long import TYPES
+
+    p = _load_pipeline(PIPELINES / "long-horizon.yaml")
+    budget = {p[s]["max_context_tokens"] for s in ("synthesize", "rl", "eval")}
+    assert budget == {p["sft"]["max_length"]}  # the model's positions: keep_all runs out of them, fold need not
+    assert all(p[s]["types"] == list(TYPES) for s in ("synthesize", "rl", "eval")) and p["eval"]["split"] == "test"
+    fold, keep_all = _sets(p["variants"]["fold"]), _sets(p["variants"]["keep_all"])
+    assert {k: v for k, v in fold.items() if k != "eval.systems"} == {
+        **{f"{s}.context": "fold" for s in ("synthesize", "sft", "rl", "eval")},
+        "sft.view": "step",
+    }
+    assert set(keep_all) == {"eval.systems"}
+    pilot = _load_pipeline(PIPELINES / "long-horizon-pilot.yaml")
+    assert pilot["eval"]["split"] == "dev" and pilot["seeds"] is None
+    for name in ("long-horizon.yaml", "long-horizon-pilot.yaml"):
+        out = r3rag_inprocess("run", PIPELINES / name, "--dry-run", "--runs-dir", tmp_path / "runs")
+        assert out.returncode == 0, out.stderr
+    assert "split=dev" in out.stdout and "split=test" not in out.stdout  # the pilot never reads test
