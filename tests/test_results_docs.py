@@ -148,6 +148,7 @@ def test_blocks_of_other_results_files_are_left_alone(tmp_path):
         ("<!-- r3rag:results results/fab.json all size=3 -->\n<!-- /r3rag:results -->\n", ["doc.md:1", "'size'"]),
         ("<!-- r3rag:results results/fab.json -->\n<!-- /r3rag:results -->\n", ["doc.md:1", "<table>"]),
         ("<!-- r3rag:results results/none.json all -->\n<!-- /r3rag:results -->\n", ["results/none.json", "no such"]),
+        ("<!-- r3rag:results results/fab.json all by=hops -->\n<!-- /r3rag:results -->\n", ["doc.md:1", "by=searches"]),
     ],
 )
 def test_bad_markers_fail_with_one_line(tmp_path, text, needles):
@@ -155,6 +156,34 @@ def test_bad_markers_fail_with_one_line(tmp_path, text, needles):
     with pytest.raises(UserError) as e:
         regenerate(text, "doc.md", tmp_path)
     assert all(n in str(e.value) for n in needles), str(e.value)
+
+
+def test_many_search_counts_are_binned_and_drawn_against_the_searches(tmp_path):
+    """A long-horizon eval's 1 to 32 searches: the table bins them by powers of two (the mean of
+    each bin's counts), a `by=searches` chart draws EM against them; 1 to 4 stay one column each."""
+    from r3rag.experiments.results.table import markdown
+
+    path = _results(tmp_path)
+    results = json.loads(path.read_text())
+    results["rows"][1]["by_hops"] = {str(h): 1.0 if h <= 16 else 0.25 for h in range(1, 33)}
+    results["rows"][1]["by_hops"]["12"] = 0.2  # 9-16: seven at 1.0 and one at 0.2
+    path.write_text(json.dumps(results))
+    table = markdown(results["rows"][:2], None)
+    head = table.splitlines()[0]
+    assert "| 1-hop EM | 2-hop EM | 3-4-hop EM | 5-8-hop EM | 9-16-hop EM | 17-32-hop EM |" in head
+    grpo = next(line for line in table.splitlines() if line.startswith("| GRPO |")).split(" | ")
+    assert grpo[3:9] == ["1.000", "1.000", "1.000", "1.000", "0.900", "0.250"]
+    sft = next(line for line in table.splitlines() if line.startswith("| SFT |")).split(" | ")
+    assert sft[3:9] == ["-", "0.372", "0.372", "-", "-", "-"]  # its counts 2 and 3 fall in bins 2 and 3-4
+    assert "the mean of their EMs, each count alike" in table
+    assert "2-hop EM | 3-hop EM" in markdown(results["rows"][:1], None)  # few counts: one column each
+    readme = tmp_path / "README.md"
+    readme.write_text(
+        "<!-- r3rag:results results/fab.json all by=searches chart=docs/lh.png -->\n<!-- /r3rag:results -->\n"
+    )
+    written, _ = update_docs([readme], tmp_path)
+    assert (tmp_path / "docs" / "lh.png").read_bytes()[:8] == PNG and tmp_path / "docs" / "lh.png" in written
+    assert "| 9-16-hop EM |" in readme.read_text()
 
 
 def test_report_results_cli(tmp_path, monkeypatch):

@@ -14,7 +14,8 @@ r3rag.experiments.results.compare; `claims`: the same, each claim a sentence say
 `stability`: each RL row's largest drops below its own best, per seed, from the slices' training
 curves, r3rag.training.curves), then options: `chart=PATH` also writes that PNG (EM per row with its
 95% interval, r3rag.experiments.results.table.plot; for `stability`, every run's reward and dev EM
-per step) from the same rows. Markers are HTML comments, so neither
+per step) from the same rows; `by=searches` makes it EM against the number of searches a question
+needs, one line per row (r3rag.experiments.results.table.plot_by_searches: long-horizon worlds). Markers are HTML comments, so neither
 GitHub nor MkDocs shows them. Text written by hand between the markers is lost at the next
 regeneration; tests/test_results_docs.py fails when the committed text differs from what the
 committed results file gives.
@@ -40,7 +41,8 @@ CLOSE = "<!-- /r3rag:results -->"
 BLOCK = re.compile(
     r"^<!-- r3rag:results (?P<args>[^\n]*?) -->\n(?P<body>.*?)^<!-- /r3rag:results -->$", re.MULTILINE | re.DOTALL
 )
-OPTIONS = {"chart"}
+OPTIONS = {"chart", "by"}
+BY = {"searches"}  # by=searches: the chart draws EM against the searches a question needs, a line per row
 COMPARISONS = "comparisons"  # the table name of the paired comparisons (r3rag.experiments.results.compare)
 CLAIMS = "claims"  # the same comparisons as sentences: each claim, stands or not
 STABILITY = "stability"  # each RL row's largest drops below its best, per seed (r3rag.training.curves)
@@ -61,7 +63,9 @@ def parse_marker(args: str, where: str) -> dict:
     bad = sorted(set(options) - OPTIONS) or [w for w in words[2:] if "=" not in w]
     if bad:
         raise UserError(f"{where}: unknown marker option {bad[0]!r} (known: {', '.join(sorted(OPTIONS))}=...)")
-    return {"file": words[0], "table": words[1], "chart": options.get("chart")}
+    if options.get("by", "searches") not in BY:
+        raise UserError(f"{where}: by={options['by']}: charts know by={', '.join(sorted(BY))}")
+    return {"file": words[0], "table": words[1], "chart": options.get("chart"), "by": options.get("by")}
 
 
 def block_rows(results: dict, table: str, where: str) -> list[dict]:
@@ -169,7 +173,7 @@ def update_docs(paths: list[Path], root: Path, results: list[Path] | None = None
     """Regenerate the blocks (of `results` files, else all) in `paths` and write their charts;
     returns the files written (a Markdown file only when its text changed) and the blocks found.
     Nothing is written when two blocks would draw different charts to the same file."""
-    from r3rag.experiments.results.table import plot
+    from r3rag.experiments.results.table import plot, plot_by_searches
 
     only = {(root / r).resolve() for r in results} if results else None
     regenerated = [(path, *regenerate(path.read_text(), str(path), root, only)) for path in paths]
@@ -185,6 +189,8 @@ def update_docs(paths: list[Path], root: Path, results: list[Path] | None = None
             from r3rag.training.curves import plot_curves
 
             plot_curves(block["curves"], root / chart, title="training reward and dev EM per step")
+        elif block["by"] == "searches":
+            plot_by_searches(block["rows"], root / chart)
         else:
             plot(block["rows"], root / chart)
         written.append(root / chart)
@@ -197,7 +203,7 @@ def _charts(blocks: list[dict]) -> dict[str, dict]:
     charts: dict[str, dict] = {}
     for b in (b for b in blocks if b["chart"]):
         first = charts.setdefault(b["chart"], b)
-        if (first["file"], first["table"]) != (b["file"], b["table"]):
+        if (first["file"], first["table"], first["by"]) != (b["file"], b["table"], b["by"]):
             raise UserError(
                 f"{b['where']}: chart {b['chart']} is also drawn by {first['where']} "
                 f"from table {first['table']!r}: name another file for one of them"

@@ -169,12 +169,33 @@ def _em_cell(r: dict) -> str:
     return f"{r['em']:.3f}{sd}{ci}"
 
 
+MAX_HOP_COLUMNS = 8  # more search counts than this (long-horizon worlds: 1 to 40) are binned
+
+
+def hop_bins(rows: list[dict]) -> list[tuple[str, list[str]]]:
+    """The hop columns of `rows`: (label, the search counts it covers). Up to MAX_HOP_COLUMNS
+    counts, one column each; more, binned by powers of two (1, 2, 3-4, 5-8, 9-16, 17-32, ...)."""
+    hops = sorted({int(h) for r in rows for h in r["by_hops"]})
+    if len(hops) <= MAX_HOP_COLUMNS:
+        return [(str(h), [str(h)]) for h in hops]
+    bins: dict[int, list[str]] = {}
+    for h in hops:
+        bins.setdefault((h - 1).bit_length(), []).append(str(h))  # 1 | 2 | 3-4 | 5-8 | 9-16 | ...
+    return [(hs[0] if len(hs) == 1 else f"{hs[0]}-{hs[-1]}", hs) for hs in bins.values()]
+
+
+def binned_em(row: dict, hops: list[str]) -> float | None:
+    """The mean EM of the search counts in `hops` that the row has (each count alike); None: none."""
+    ems = [row["by_hops"][h] for h in hops if h in row["by_hops"]]
+    return sum(ems) / len(ems) if ems else None
+
+
 def markdown(rows: list[dict], about: dict | None) -> str:
     """The table, and a note on its statistics; `about` (date, machine, wall and build seconds)
     adds when and where it ran (None: rows from several runs, e.g. the results so far)."""
-    hops = sorted({h for r in rows for h in r["by_hops"]}, key=int)
+    bins = hop_bins(rows)
     seeded = any(r.get("n_seeds", 1) > 1 for r in rows)  # the seeds column only when a row has seeds
-    head = ["", "EM [95% CI]", "F1", *(f"{h}-hop EM" for h in hops), "searches", "train min"]
+    head = ["", "EM [95% CI]", "F1", *(f"{label}-hop EM" for label, _ in bins), "searches", "train min"]
     head += ["EM per seed"] * seeded
     lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
     for r in rows:
@@ -182,7 +203,7 @@ def markdown(rows: list[dict], about: dict | None) -> str:
             r["label"],
             _em_cell(r),
             f"{r['f1']:.3f}",
-            *(f"{r['by_hops'][h]:.3f}" if h in r["by_hops"] else "-" for h in hops),
+            *("-" if (em := binned_em(r, hs)) is None else f"{em:.3f}" for _, hs in bins),
             "-" if r["searches"] is None else f"{r['searches']:.2f}",
             f"{r['train_seconds'] / 60:.1f}",
             *([" / ".join(f"{x:.3f}" for x in r.get("em_per_seed") or []) or "-"] * seeded),
@@ -204,11 +225,16 @@ def markdown(rows: list[dict], about: dict | None) -> str:
         if about
         else ""
     )
+    binned = (
+        " A hop column over several search counts is the mean of their EMs, each count alike."
+        if any(len(hs) > 1 for _, hs in bins)
+        else ""
+    )
     lines += [
         "",
         f"{'/'.join(map(str, n))} held-out questions per row; 95% intervals over questions "
         "(exact Clopper-Pearson where every question's EM is 0 or 1, else percentile bootstrap)."
-        f"{seeds}{when}",
+        f"{binned}{seeds}{when}",
     ]
     return "\n".join(lines) + "\n"
 
@@ -246,3 +272,25 @@ def chart(rows: list[dict], plt):
     ax.set_xlabel("held-out EM\n(95% interval over questions" + ("; dots: each seed's EM)" if seeded else ")"))
     fig.tight_layout()
     return fig
+
+
+def plot_by_searches(rows: list[dict], path: Path) -> None:
+    """EM against the number of searches a question needs (its hops), one line per row (a row over
+    seeds: the mean over seeds), the search count on a log-2 axis."""
+    from r3rag.util.extras import pyplot_or_skip
+
+    plt = pyplot_or_skip(path.name)
+    if plt is None:
+        return
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for r in rows:
+        hops = sorted(r["by_hops"], key=int)
+        ax.plot([int(h) for h in hops], [r["by_hops"][h] for h in hops], "o-", ms=3, label=r["label"])
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("searches the question needs")
+    ax.set_ylabel("held-out EM")
+    ax.set_ylim(0, 1.02)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)
