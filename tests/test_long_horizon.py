@@ -209,6 +209,11 @@ def test_bad_context_settings_are_one_line():
         rl_validate(RLConfig(context="fold", algorithm="ppo", ppo_unit="step"))
     with pytest.raises(UserError, match="rl.context=fold: vLLM rollouts"):
         rl_validate(RLConfig(context="fold", vllm="colocate"))
+    from r3rag.stages.synthesize import Config as SynthConfig
+    from r3rag.stages.synthesize import _check
+
+    with pytest.raises(UserError, match="the oracle teacher has no tokenizer"):  # never a budget left uncounted
+        _check(SynthConfig(max_context_tokens=1024))
 
 
 def test_the_prefix_cache_reuses_what_a_folded_context_kept(world, retriever):

@@ -172,6 +172,11 @@ def _check(cfg: Config) -> None:
     from r3rag.core.env import check_env_settings
 
     check_env_settings(cfg, "synthesize")
+    if cfg.max_context_tokens and cfg.teacher != "hf":  # the budget counts a policy's tokens
+        raise UserError(
+            f"synthesize.max_context_tokens: counts the policy's tokens, and the {cfg.teacher} teacher has no "
+            "tokenizer (teacher=hf has); bound the cold start's rows with sft.max_length instead"
+        )
     if cfg.teacher == "openai" and not (cfg.base_url and cfg.model):
         raise UserError(
             "synthesize: teacher=openai needs base_url and model (e.g. --set base_url=https://api."
