@@ -182,3 +182,51 @@ def test_real_dev_split_is_the_test_files_next_questions(shared_root, tmp_path):
     every = [q["id"] for q in import_questions(shared_root / hotpot, "auto", 0)[0]]
     assert split["test"] == every[:6] and split["dev"] == every[6:10]
     assert not set(split["train"]) & set(every[:10]) and len(split["train"]) == len(every) - 10
+
+
+def _pool_world(tmp_path, *extra):
+    from r3rag.experiments.pipeline import run_stage
+
+    pool = "[hotpotqa/train_hipporag_sample.jsonl, musique/train_hipporag_sample.jsonl, hotpotqa/dev_hoprag_examples.jsonl]"
+    ref = run_stage("world", None, ["source=files", f"pool={pool}", "pool_split={test: 20, dev: 10}", *extra], tmp_path)
+    return ref, {
+        s: [json.loads(line)["id"] for line in open(ref.path / f"{s}.jsonl")] for s in ("train", "dev", "test")
+    }
+
+
+def test_a_pool_is_split_by_question_into_test_dev_and_train_by_the_seed(shared_root, tmp_path):
+    """210 pooled questions: 20 test, 10 dev, the other 180 train, none in two splits; another
+    seed draws another test split, the same seed the same one."""
+    ref, split = _pool_world(tmp_path / "a")
+    assert [len(split[s]) for s in ("test", "dev", "train")] == [20, 10, 180]
+    assert len(set(split["test"]) | set(split["dev"]) | set(split["train"])) == 210
+    assert ref.manifest["metrics"]["pool"] == {"test": 20, "dev": 10, "train": 180, "duplicates": 0}
+    assert _pool_world(tmp_path / "b")[1] == split
+    other = _pool_world(tmp_path / "c", "seed=1")[1]
+    assert other["test"] != split["test"] and len(set(other["test"]) & set(split["test"])) < 10
+
+
+def test_a_pool_adds_to_named_split_files_and_training_never_sees_their_questions(shared_root, tmp_path):
+    """The named test file's 10 questions are test's whatever their pool rank; dev and train drop them."""
+    from r3rag.data.importers import import_questions
+
+    _, split = _pool_world(tmp_path, "test=[hotpotqa/dev_hoprag_examples.jsonl]")
+    named = {q["id"] for q in import_questions(shared_root / "hotpotqa/dev_hoprag_examples.jsonl", "auto", 0)[0]}
+    assert named <= set(split["test"]) and not named & (set(split["dev"]) | set(split["train"]))
+    assert len(set(split["test"]) | set(split["dev"]) | set(split["train"])) == 210
+    assert sum(len(ids) for ids in split.values()) == 210
+
+
+@pytest.mark.parametrize(
+    "sets, needle",
+    [
+        (["pool_split={test: 300}"], "pool of 210"),
+        (["pool_split={valid: 3}"], "unknown split 'valid'"),
+        (["pool_split={test: -1}"], ">= 0"),
+    ],
+)
+def test_bad_pool_split_is_one_line(shared_root, tmp_path, sets, needle):
+    pool = "[hotpotqa/train_hipporag_sample.jsonl, musique/train_hipporag_sample.jsonl, hotpotqa/dev_hoprag_examples.jsonl]"
+    args = [x for s in ["source=files", f"pool={pool}", *sets] for x in ("--set", s)]
+    out = r3rag_inprocess("world", *args, "--runs-dir", tmp_path / "runs")
+    assert_one_line_error(out, "world.pool_split", needle)

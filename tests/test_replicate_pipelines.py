@@ -92,6 +92,25 @@ def test_the_real_model_table_has_seeds_a_dev_split_and_a_trained_reader(tmp_pat
         assert out.returncode == 0, out.stderr
 
 
+def test_the_real_rl_pilot_scores_dev_only_and_each_slice_fits(tmp_path):
+    """real-smollm2-rl.yaml (issue 47): the pool split fixes test before anything is tuned, no
+    slice scores test, each fits a slice's budget; it plans without data or weights."""
+    from r3rag.experiments.slices.cut import MAX_MINUTES
+
+    p = _load_pipeline(PIPELINES / "real-smollm2-rl.yaml")
+    assert p["world"]["pool_split"] == {"test": 300, "dev": 80} and not p["world"]["test"]
+    assert p["eval"]["split"] == "dev" and all("eval.split" not in _sets(v) for v in p["variants"].values())
+    assert {float(_sets(v).get("rl.lr", p["rl"]["lr"])) for k, v in p["variants"].items() if k != "cold"} == {
+        3e-6,
+        1e-5,
+        3e-5,
+    }
+    assert all(s["minutes"] <= MAX_MINUTES for s in p["slices"].values())
+    out = r3rag_inprocess("run", PIPELINES / "real-smollm2-rl.yaml", "--dry-run", "--runs-dir", tmp_path / "runs")
+    assert out.returncode == 0, out.stderr
+    assert "split=dev" in out.stdout and "split=test" not in out.stdout
+
+
 def test_the_long_horizon_experiment_compares_one_thing_and_plans(tmp_path):
     """long-horizon.yaml: its arms differ only in what the loop shows the model (every stage that
     rolls out, and the SFT rows that follow from it), share one context budget within the tiny

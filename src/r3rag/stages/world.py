@@ -15,7 +15,9 @@ are the ones a single retrieval can answer, reported apart (`named_question_only
 `source: files` reads real questions and passages instead (see r3rag.data.real): question files
 per split (`train`, `dev`, `test`; any format `r3rag import` reads) and `corpus` files, relative
 to `data_root` (default `$R3RAG_DATA`, else data/fetched: `r3rag data fetch`),
-`limits` questions per file and split. The same files are written (plus `dev.jsonl`), so every
+`limits` questions per file and split. `pool` files are split by question instead (`pool_split`:
+how many go to test and dev, the rest to train, ranked by a hash of `seed` and each id), so
+questions from dev-only sets can train with no question in two splits. The same files are written (plus `dev.jsonl`), so every
 later stage reads it like a world; the artifact id follows the files' content, not where they are.
 
 Usage:
@@ -23,6 +25,7 @@ Usage:
     r3rag world --set seed=7
     r3rag world --set seed=1 --set dev_clusters=6 --set named=0.25   # a dev split, named questions
     r3rag world --config pipelines/real-smollm2.yaml     # source: files (the shared HotpotQA...)
+    r3rag world --config pipelines/real-smollm2-rl.yaml  # a pool split 300 test / 80 dev / the rest train
 """
 
 from __future__ import annotations
@@ -32,7 +35,7 @@ from dataclasses import dataclass, field
 
 from r3rag.data.world import WorldConfig, generate_world, world_vocabulary
 from r3rag.stages.common import Context, file_input
-from r3rag.util.config import unhashed
+from r3rag.util.config import hashed_when_set, unhashed
 from r3rag.util.errors import UserError
 from r3rag.util.jsonl import write_jsonl
 
@@ -48,16 +51,25 @@ class Config(WorldConfig):
     dev: list[str] = field(default_factory=list)  # source=files: dev question files, less any in test ([] = none)
     test: list[str] = field(default_factory=list)  # source=files: test question files
     corpus: list[str] = field(default_factory=list)  # passage files (FlashRAG contents or id/title/text)
-    limits: dict[str, int] = field(default_factory=dict)  # split -> first N questions of each file (0 = all)
+    limits: dict[str, int] = field(default_factory=dict)  # split (or pool) -> first N questions of each file (0 = all)
+    pool: list[str] = hashed_when_set(default_factory=list, silent=True)  # source=files: split by question
+    pool_split: dict[str, int] = hashed_when_set(default_factory=dict, silent=True)  # pool: test/dev sizes
     data_root: str = unhashed("")  # "" = $R3RAG_DATA, else data/fetched (the files are hashed, not their place)
 
 
 def validate(cfg: Config) -> None:
     if cfg.source not in ("synthetic", "files"):
         raise UserError(f"world.source: expected synthetic or files, got {cfg.source!r}")
-    bad = sorted(set(cfg.limits) - {"train", "dev", "test"})
+    bad = sorted(set(cfg.limits) - {"train", "dev", "test", "pool"})
     if bad:
-        raise UserError(f"world.limits: unknown split {bad[0]!r} (expected train, dev or test)")
+        raise UserError(f"world.limits: unknown split {bad[0]!r} (expected train, dev, test or pool)")
+    bad = sorted(set(cfg.pool_split) - {"dev", "test"})
+    if bad:
+        raise UserError(f"world.pool_split: unknown split {bad[0]!r} (expected test or dev; the rest is train)")
+    if any(n < 0 for n in cfg.pool_split.values()):
+        raise UserError(f"world.pool_split: sizes must be >= 0, got {dict(cfg.pool_split)}")
+    if cfg.pool_split and not cfg.pool:
+        raise UserError("world.pool_split: set without pool files to split")
 
 
 def run(cfg: Config, ctx: Context):
@@ -132,7 +144,9 @@ def question_only_probe(docs: list[dict], questions: list[dict], k: int) -> dict
 def _run_files(cfg: Config, ctx: Context):
     from r3rag.data.real import RealFiles, data_root, load_real, resolve_files
 
-    files = RealFiles(cfg.train, cfg.dev, cfg.test, cfg.corpus, dict(cfg.limits))
+    files = RealFiles(
+        cfg.train, cfg.dev, cfg.test, cfg.corpus, dict(cfg.limits), cfg.pool, dict(cfg.pool_split), cfg.seed
+    )
     root = data_root(cfg.data_root)
     paths = resolve_files(files, root)
     inputs = {f"{split}:{i}": file_input(p) for split, ps in paths.items() for i, p in enumerate(ps)}
@@ -154,6 +168,7 @@ def _run_files(cfg: Config, ctx: Context):
                     if qs
                 },
                 "dropped_from_train": data.dropped_from_train,
+                **({"pool": data.pool} if data.pool else {}),
                 "gold_in_corpus": _gold_coverage(data.docs, [q for qs in data.splits.values() for q in qs]),
             }
         )
