@@ -228,6 +228,63 @@ def test_grpo_logps_without_padding_equal_trls_on_the_padded_batch(tmp_path, mon
     assert results["ours"][0][1, 8:].eq(0).all() and results["ours"][0][0].lt(0).all()  # padding scores 0
 
 
+def test_the_grpo_loss_leaves_retrieved_tokens_out_of_the_lm_head_and_is_trls(tmp_path, monkeypatch):
+    """With a retrieved span (tool_mask 0) in each completion, the loss's LM head projects the
+    model's own tokens only, and the loss and every gradient are what TRL's loss over all
+    completion tokens gives (old and reference log-probs given, so ratios and KL are live)."""
+    from datasets import Dataset
+    from trl import GRPOConfig
+    from trl.trainer import utils as trl_utils
+
+    import r3rag.training.trainers as trainers
+
+    tok, traj = _setup()
+    ids, _ = tokenize_trajectory(traj.to_json(), tok)
+    model = tiny_model(tok, layers=2, hidden=32, heads=2, intermediate=64, seed=3)
+    args = GRPOConfig(
+        output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
+        num_generations=2,
+    )  # fmt: skip
+    data = Dataset.from_dict({"prompt": ["Where is it ?"] * 2})
+    trainer = trainers.ResumableGRPOTrainer(
+        model=model, args=args, processing_class=tok, train_dataset=data, reward_funcs=lambda completions, **_: [0.0]
+    )
+    trainer.beta = 0.1  # the KL term on the given reference log-probs (no reference model built)
+    trainer.current_gradient_accumulation_steps = 1  # as Trainer.train sets it
+    p, k = 12, 24
+    lengths = [24, 20, 24, 15]  # the second and fourth right-padded
+    completion_mask = torch.tensor([[1] * c + [0] * (k - c) for c in lengths])
+    tool_mask = torch.ones(4, k, dtype=torch.long)
+    tool_mask[:, 6:14] = 0  # the documents of one search
+    g = torch.Generator().manual_seed(0)
+    inputs = {
+        "prompt_ids": torch.tensor([ids[:p]] * 4), "prompt_mask": torch.ones(4, p, dtype=torch.long),
+        "completion_ids": torch.tensor([ids[p : p + k]] * 4) * completion_mask, "completion_mask": completion_mask,
+        "tool_mask": tool_mask, "advantages": torch.tensor([1.0, -0.5, 0.25, -1.0]),
+        "old_per_token_logps": -torch.rand(4, k, generator=g) * 3, "ref_per_token_logps": -torch.rand(4, k, generator=g) * 3,
+        "num_items_in_batch": (completion_mask * tool_mask).sum(),
+    }  # fmt: skip
+    scored_rows = []
+    apply = trl_utils._ChunkedLogProbFunction.apply
+    monkeypatch.setattr(
+        trl_utils._ChunkedLogProbFunction, "apply", lambda h, *a: scored_rows.append(len(h)) or apply(h, *a)
+    )
+    trainer.model.train()
+    results = {}
+    for skip in (True, False):
+        trainer.skip_retrieved = skip
+        scored_rows.clear()
+        model.zero_grad()
+        loss = trainer._compute_loss(trainer.model, {key: v.clone() for key, v in inputs.items()})
+        loss.backward()
+        results[skip] = (loss.detach(), *[q.grad.clone() for q in model.parameters()])
+        own = int((completion_mask * tool_mask).sum()) if skip else int(completion_mask.sum())
+        assert sum(scored_rows) == own, (skip, scored_rows)
+    assert results[True][0] != 0
+    for ours, theirs in zip(results[True], results[False], strict=True):
+        torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-6)
+
+
 def test_batched_tokenisation_gives_the_ids_one_encode_per_text_gives():
     """sft encodes every text in one batch call (tokenize_rows); the samples must be exactly what
     tokenize_trajectory / tokenize_steps give row by row, in both views, cut at max_length too."""

@@ -22,6 +22,13 @@ tests/test_training.py compares them). TRL's
 resumed in epoch e builds a fresh sampler, which would deal epoch 0's order again (the Trainer
 restores the global RNG states, not a sampler's own generator). `EpochReplaySampler` draws
 epoch e's order from the seed and e alone, the same orders TRL draws in an unbroken run.
+Its loss scores the model's own tokens only: retrieved tokens (`tool_mask` 0) get no loss, so
+`_compute_loss` gives their labels -100 and TRL's fused LM head leaves them out (a real model's
+documents are ~90% of a trajectory's completion, each a 49k-way softmax for nothing). The
+old, reference and sampling log-probs are set to 0 there as the new ones are, so every ratio
+and KL term at those positions is exactly 1 and 0 before the mask zeroes it anyway. TRL
+scores only the labelled positions on Triton devices and every position elsewhere (to keep
+tile shapes fixed for compilers); on a CPU it scores the labelled ones too (`_COMPACT_ON_CPU`).
 
 `R3ragGRPOTrainer`: the resumable trainer `r3rag rl` builds, plus three things:
 - `extra_logs`: values merged into the next log line (the dev evaluation a callback runs
@@ -48,6 +55,7 @@ import torch.nn.functional as F
 from torch.utils.data import Sampler
 from transformers.trainer_pt_utils import LengthGroupedSampler, get_length_grouped_indices
 from trl import GRPOTrainer, SFTTrainer
+from trl.trainer import utils as trl_utils
 
 SMALL_VOCAB = 32_768
 LOGPS_ROWS = 32  # rows per forward pass once sorted by length (benchmarks/grpo_padding.py)
@@ -150,24 +158,72 @@ class ReplayableLengthSampler(LengthGroupedSampler):
             self.replay = torch.load(checkpoint / self.FILE, weights_only=True)
 
 
+def _compact_on_cpu(use_triton):
+    """TRL's choice of scoring only labelled positions, extended to the CPU (no compiler there)."""
+
+    def compact(device) -> bool:
+        return use_triton(device) or device.type == "cpu"
+
+    compact.trl_use_triton = use_triton
+    return compact
+
+
+if not hasattr(trl_utils._use_triton, "trl_use_triton"):  # once per process
+    trl_utils._use_triton = _compact_on_cpu(trl_utils._use_triton)
+SKIPPED_LOGPS = ("old_per_token_logps", "ref_per_token_logps", "sampling_per_token_logps")
+
+
 class ResumableGRPOTrainer(GRPOTrainer):
+    skip_retrieved = True  # the loss's LM head leaves retrieved tokens out (benchmarks/real_model.py: both)
+    _score_mask: torch.Tensor | None = None  # (rows, completion width): 0 where no loss reads a log-prob
+
     def _get_train_sampler(self, dataset=None) -> Sampler:
         return EpochReplaySampler(super()._get_train_sampler(dataset))
+
+    def _compute_loss(self, model, inputs):
+        keep = inputs.get("tool_mask")
+        if keep is None or not self.skip_retrieved or bool(keep.all()):
+            return super()._compute_loss(model, inputs)
+        inputs = {**inputs, **{k: inputs[k].masked_fill(keep == 0, 0.0) for k in SKIPPED_LOGPS if k in inputs}}
+        self._score_mask = keep
+        try:
+            return super()._compute_loss(model, inputs)
+        finally:
+            self._score_mask = None
 
     def _get_per_token_logps_and_entropies(self, model, input_ids, attention_mask, logits_to_keep, *args, **kwargs):
         score = super()._get_per_token_logps_and_entropies
         text_only = not args and all(v is None for k, v in kwargs.items() if k not in PLAIN_KWARGS)
         if not text_only or kwargs.get("compute_aux_loss"):  # images, MoE: TRL's call as it is
             return score(model, input_ids, attention_mask, logits_to_keep, *args, **kwargs)
+        skip = self._score_mask
+        if skip is not None and tuple(skip.shape) == (len(input_ids), logits_to_keep):
+            kwargs["scored"] = skip
+            score = self._score_kept_tokens
         rows = min(kwargs.pop("batch_size", None) or len(input_ids), LOGPS_ROWS)
         order = attention_mask.sum(1).argsort(stable=True)
         parts = [
-            _trimmed(score, model, input_ids[i], attention_mask[i], logits_to_keep, kwargs) for i in order.split(rows)
+            _trimmed(score, model, input_ids[i], attention_mask[i], logits_to_keep, _rows_of(kwargs, i))
+            for i in order.split(rows)
         ]
         back = order.argsort()
         logps = torch.cat([p[0] for p in parts])[back]
         entropy = torch.cat([p[1] for p in parts])[back] if parts[0][1] is not None else None
         return logps, entropy, None
+
+    def _score_kept_tokens(self, model, ids, attention, width, scored, compute_entropy=False, **_):
+        """TRL's text-only scoring (GRPOTrainer._get_per_token_logps_and_entropies) with the labels
+        of the completion tokens `scored` marks 0 set to -100: the fused LM head scores them 0."""
+        labels = ids.masked_fill(attention == 0, -100)
+        labels[:, :-width] = -100
+        labels[:, -width:] = labels[:, -width:].masked_fill(scored[:, :width] == 0, -100)
+        with self.accelerator.autocast():
+            out = model(input_ids=ids, attention_mask=attention, labels=labels, fused_lm_head=True)
+        return out.log_probs[:, -width:], out.entropy[:, -width:] if compute_entropy else None, None
+
+
+def _rows_of(kwargs: dict, rows: torch.Tensor) -> dict:
+    return {**kwargs, "scored": kwargs["scored"][rows]} if "scored" in kwargs else kwargs
 
 
 class R3ragGRPOTrainer(ResumableGRPOTrainer):
