@@ -22,6 +22,10 @@ imported `model/` directory), then measures on `--threads` threads (default 2):
   generations (one rollout batch, trained in 4 micro-batches of 8: one of 32 went past 24 GB),
   max_turns 2, 24 new tokens per turn, sampling at T = 1, BM25 as above, EM reward, steered
   by `ForcedTurns` (one search, then an answer) so every trajectory is multi-turn.
+  `--compare-scoring` runs that step twice, the loss's LM head scoring the model's tokens only
+  (r3rag's default: `ResumableGRPOTrainer.skip_retrieved`) and every completion token (TRL's),
+  and reports `real_grpo_step_s_scoring_all`, each arm's training seconds (the step less its
+  rollouts) and `grpo_train_speedup_skip_retrieved` (all-scored / own-tokens training seconds).
 `--sections grpo` (comma-separated: generate, env, sft, grpo) measures only those figures.
 
 Training runs with the stages' default `bf16: auto` (bf16 autocast only on a CPU with native bf16,
@@ -252,6 +256,27 @@ def bench_sft(path: Path, docs, s, bf16, work: Path) -> tuple[float, list[float]
     return s["sft_rows"] * s["sft_len"] / step, clock.times
 
 
+def compare_scoring(path: Path, questions, retriever, s, bf16, work: Path) -> dict:
+    """The GRPO step with the loss's LM head over every completion token, then over the model's own."""
+    from r3rag.training.trainers import ResumableGRPOTrainer
+
+    ResumableGRPOTrainer.skip_retrieved = False
+    try:
+        every = bench_grpo(path, questions, retriever, s, bf16, work / "all")
+    finally:
+        ResumableGRPOTrainer.skip_retrieved = True
+    own = bench_grpo(path, questions, retriever, s, bf16, work / "own")
+    train = {k: r["real_grpo_step_s"] - r["grpo_generation_s"] for k, r in (("all", every), ("own", own))}
+    return {
+        **own,
+        "real_grpo_step_s_scoring_all": every["real_grpo_step_s"],
+        "grpo_train_s": round(train["own"], 2),
+        "grpo_train_s_scoring_all": round(train["all"], 2),
+        "grpo_train_speedup_skip_retrieved": round(train["all"] / train["own"], 3),
+        "grpo_completion_tokens_scoring_all": every["grpo_completion_tokens"],
+    }
+
+
 def bench_grpo(path: Path, questions, retriever, s, bf16, work: Path) -> dict:
     import r3rag.generation.hf as hf
     from r3rag.rl.grpo import build_trainer
@@ -318,6 +343,7 @@ def main() -> None:
     ap.add_argument("--bf16", default="auto", help="training autocast: auto (the stages' default), true, false")
     ap.add_argument("--quick", action="store_true", help="a smoke run with everything shrunk (< 2 min)")
     ap.add_argument("--sections", default="generate,env,sft,grpo", help="which figures to measure")
+    ap.add_argument("--compare-scoring", action="store_true", help="grpo: own tokens vs every token in the loss")
     args = ap.parse_args()
     todo = set(args.sections.split(","))
     bf16 = {"true": True, "false": False}.get(args.bf16.lower(), args.bf16)
@@ -350,7 +376,8 @@ def main() -> None:
             sft_tok_s, sft_times = bench_sft(path, docs, s, bf16, work)
             print(f"sft: {sft_tok_s:.0f} tokens/s (steps {[round(t, 2) for t in sft_times]})", file=sys.stderr)
         if "grpo" in todo:
-            grpo = bench_grpo(path, questions, retriever, s, bf16, work)
+            bench = compare_scoring if args.compare_scoring else bench_grpo
+            grpo = bench(path, questions, retriever, s, bf16, work)
             print(f"grpo: {grpo}", file=sys.stderr)
     r = lambda x, n=1: None if x is None else round(x, n)  # noqa: E731
     print(
