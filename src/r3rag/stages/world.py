@@ -17,8 +17,9 @@ per split (`train`, `dev`, `test`; any format `r3rag import` reads) and `corpus`
 to `data_root` (default `$R3RAG_DATA`, else data/fetched: `r3rag data fetch`),
 `limits` questions per file and split. `pool` files are split by question instead (`pool_split`:
 how many go to test and dev, the rest to train, ranked by a hash of `seed` and each id), so
-questions from dev-only sets can train with no question in two splits. The same files are written (plus `dev.jsonl`), so every
-later stage reads it like a world; the artifact id follows the files' content, not where they are.
+questions from dev-only sets can train with no question in two splits. The same files are
+written (plus `dev.jsonl`), so every later stage reads it like a world; the artifact id follows
+the files' content, not where they are.
 
 Usage:
 

@@ -24,11 +24,11 @@ restores the global RNG states, not a sampler's own generator). `EpochReplaySamp
 epoch e's order from the seed and e alone, the same orders TRL draws in an unbroken run.
 Its loss scores the model's own tokens only: retrieved tokens (`tool_mask` 0) get no loss, so
 `_compute_loss` gives their labels -100 and TRL's fused LM head leaves them out (a real model's
-documents are ~90% of a trajectory's completion, each a 49k-way softmax for nothing). The
+documents are most of a trajectory's completion, each a 49k-way softmax for nothing). The
 old, reference and sampling log-probs are set to 0 there as the new ones are, so every ratio
 and KL term at those positions is exactly 1 and 0 before the mask zeroes it anyway. TRL
 scores only the labelled positions on Triton devices and every position elsewhere (to keep
-tile shapes fixed for compilers); on a CPU it scores the labelled ones too (`_COMPACT_ON_CPU`).
+tile shapes fixed for compilers); on a CPU it scores the labelled ones too (`_compact_on_cpu`).
 
 `R3ragGRPOTrainer`: the resumable trainer `r3rag rl` builds, plus three things:
 - `extra_logs`: values merged into the next log line (the dev evaluation a callback runs
@@ -181,11 +181,11 @@ class ResumableGRPOTrainer(GRPOTrainer):
         return EpochReplaySampler(super()._get_train_sampler(dataset))
 
     def _compute_loss(self, model, inputs):
-        keep = inputs.get("tool_mask")
-        if keep is None or not self.skip_retrieved or bool(keep.all()):
+        own = inputs.get("tool_mask")  # 1: the model's token, 0: retrieved
+        if own is None or not self.skip_retrieved or bool(own.all()):
             return super()._compute_loss(model, inputs)
-        inputs = {**inputs, **{k: inputs[k].masked_fill(keep == 0, 0.0) for k in SKIPPED_LOGPS if k in inputs}}
-        self._score_mask = keep
+        inputs = {**inputs, **{k: inputs[k].masked_fill(own == 0, 0.0) for k in SKIPPED_LOGPS if k in inputs}}
+        self._score_mask = own
         try:
             return super()._compute_loss(model, inputs)
         finally:
