@@ -184,11 +184,14 @@ def test_real_dev_split_is_the_test_files_next_questions(shared_root, tmp_path):
     assert not set(split["train"]) & set(every[:10]) and len(split["train"]) == len(every) - 10
 
 
+# 210 questions with their paragraphs: HotpotQA's and MuSiQue's training samples, HotpotQA's HopRAG examples
+POOL = "[hotpotqa/train_hipporag_sample.jsonl, musique/train_hipporag_sample.jsonl, hotpotqa/dev_hoprag_examples.jsonl]"
+
+
 def _pool_world(tmp_path, *extra):
     from r3rag.experiments.pipeline import run_stage
 
-    pool = "[hotpotqa/train_hipporag_sample.jsonl, musique/train_hipporag_sample.jsonl, hotpotqa/dev_hoprag_examples.jsonl]"
-    ref = run_stage("world", None, ["source=files", f"pool={pool}", "pool_split={test: 20, dev: 10}", *extra], tmp_path)
+    ref = run_stage("world", None, ["source=files", f"pool={POOL}", "pool_split={test: 20, dev: 10}", *extra], tmp_path)
     return ref, {
         s: [json.loads(line)["id"] for line in open(ref.path / f"{s}.jsonl")] for s in ("train", "dev", "test")
     }
@@ -226,7 +229,6 @@ def test_a_pool_adds_to_named_split_files_and_training_never_sees_their_question
     ],
 )
 def test_bad_pool_split_is_one_line(shared_root, tmp_path, sets, needle):
-    pool = "[hotpotqa/train_hipporag_sample.jsonl, musique/train_hipporag_sample.jsonl, hotpotqa/dev_hoprag_examples.jsonl]"
-    args = [x for s in ["source=files", f"pool={pool}", *sets] for x in ("--set", s)]
+    args = [x for s in ["source=files", f"pool={POOL}", *sets] for x in ("--set", s)]
     out = r3rag_inprocess("world", *args, "--runs-dir", tmp_path / "runs")
     assert_one_line_error(out, "world.pool_split", needle)

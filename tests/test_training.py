@@ -186,26 +186,33 @@ def test_fast_sft_loss_equals_trl_loss_on_a_batch(tmp_path):
     assert losses["fast"] > 0 and abs(losses["fast"] - losses["trl"]) < 1e-5 * losses["trl"], losses
 
 
-def test_grpo_logps_without_padding_equal_trls_on_the_padded_batch(tmp_path, monkeypatch):
-    """ResumableGRPOTrainer scores rows sorted by length, in groups with their all-padding
-    columns trimmed: the log-probs, entropies and gradients are TRL's on the whole padded
-    batch (prompts left-padded, completions right-padded, as TRL pads them), row by row."""
+def _grpo_trainer(tmp_path, **config):
+    """(tokenizer, a trajectory's ids, ResumableGRPOTrainer) on a 2-layer tiny model, no rollouts."""
     from datasets import Dataset
-    from trl import GRPOConfig, GRPOTrainer
+    from trl import GRPOConfig
 
-    import r3rag.training.trainers as trainers
+    from r3rag.training.trainers import ResumableGRPOTrainer
 
     tok, traj = _setup()
     ids, _ = tokenize_trajectory(traj.to_json(), tok)
     model = tiny_model(tok, layers=2, hidden=32, heads=2, intermediate=64, seed=3)
-    args = GRPOConfig(
-        output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], temperature=0.7,
-        per_device_train_batch_size=2, num_generations=2,
-    )  # fmt: skip
+    args = GRPOConfig(output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], num_generations=2, **config)
     data = Dataset.from_dict({"prompt": ["Where is it ?"] * 2})
-    trainer = trainers.ResumableGRPOTrainer(
+    trainer = ResumableGRPOTrainer(
         model=model, args=args, processing_class=tok, train_dataset=data, reward_funcs=lambda completions, **_: [0.0]
     )
+    return tok, ids, trainer
+
+
+def test_grpo_logps_without_padding_equal_trls_on_the_padded_batch(tmp_path, monkeypatch):
+    """ResumableGRPOTrainer scores rows sorted by length, in groups with their all-padding
+    columns trimmed: the log-probs, entropies and gradients are TRL's on the whole padded
+    batch (prompts left-padded, completions right-padded, as TRL pads them), row by row."""
+    from trl import GRPOTrainer
+
+    import r3rag.training.trainers as trainers
+
+    tok, ids, trainer = _grpo_trainer(tmp_path, temperature=0.7, per_device_train_batch_size=2)
     k, pad, n = 30, tok.pad_token_id, len(ids) - 30
     shapes = [(n, k), (n - 6, 8), (n - 2, 20), (n, 3), (n - 9, k), (n - 4, 12)]  # (prompt, completion) lengths
     rows = [[pad] * (n - p) + ids[n - p : n] + ids[n : n + c] + [pad] * (k - c) for p, c in shapes]
@@ -213,7 +220,7 @@ def test_grpo_logps_without_padding_equal_trls_on_the_padded_batch(tmp_path, mon
     mask = torch.tensor([[0] * (n - p) + [1] * (p + c) + [0] * (k - c) for p, c in shapes])
     results = {}
     for name in ("ours", "trl"):
-        model.zero_grad()
+        trainer.model.zero_grad()
         if name == "ours":
             monkeypatch.setattr(trainers, "LOGPS_ROWS", 2)  # three groups of two rows
             call = trainer._get_per_token_logps_and_entropies
@@ -232,23 +239,10 @@ def test_the_grpo_loss_leaves_retrieved_tokens_out_of_the_lm_head_and_is_trls(tm
     """With a retrieved span (tool_mask 0) in each completion, the loss's LM head projects the
     model's own tokens only, and the loss and every gradient are what TRL's loss over all
     completion tokens gives (old and reference log-probs given, so ratios and KL are live)."""
-    from datasets import Dataset
-    from trl import GRPOConfig
     from trl.trainer import utils as trl_utils
 
-    import r3rag.training.trainers as trainers
-
-    tok, traj = _setup()
-    ids, _ = tokenize_trajectory(traj.to_json(), tok)
-    model = tiny_model(tok, layers=2, hidden=32, heads=2, intermediate=64, seed=3)
-    args = GRPOConfig(
-        output_dir=str(tmp_path), use_cpu=True, bf16=False, report_to=[], per_device_train_batch_size=4,
-        num_generations=2,
-    )  # fmt: skip
-    data = Dataset.from_dict({"prompt": ["Where is it ?"] * 2})
-    trainer = trainers.ResumableGRPOTrainer(
-        model=model, args=args, processing_class=tok, train_dataset=data, reward_funcs=lambda completions, **_: [0.0]
-    )
+    _, ids, trainer = _grpo_trainer(tmp_path, per_device_train_batch_size=4)
+    model = trainer.model
     trainer.beta = 0.1  # the KL term on the given reference log-probs (no reference model built)
     trainer.current_gradient_accumulation_steps = 1  # as Trainer.train sets it
     p, k = 12, 24

@@ -146,8 +146,9 @@ def _run_files(cfg: Config, ctx: Context):
     from r3rag.data.real import RealFiles, data_root, load_real, resolve_files
 
     files = RealFiles(
-        cfg.train, cfg.dev, cfg.test, cfg.corpus, dict(cfg.limits), cfg.pool, dict(cfg.pool_split), cfg.seed
-    )
+        train=cfg.train, dev=cfg.dev, test=cfg.test, corpus=cfg.corpus, limits=dict(cfg.limits),
+        pool=cfg.pool, pool_split=dict(cfg.pool_split), seed=cfg.seed,
+    )  # fmt: skip
     root = data_root(cfg.data_root)
     paths = resolve_files(files, root)
     inputs = {f"{split}:{i}": file_input(p) for split, ps in paths.items() for i, p in enumerate(ps)}
