@@ -1,5 +1,6 @@
 """Which tokens get loss: SFT labels and the GRPO env_mask share one span rule."""
 
+import pytest
 import torch
 
 from r3rag.core.env import EnvConfig, run_rollouts
@@ -277,6 +278,57 @@ def test_the_grpo_loss_leaves_retrieved_tokens_out_of_the_lm_head_and_is_trls(tm
     assert results[True][0] != 0
     for ours, theirs in zip(results[True], results[False], strict=True):
         torch.testing.assert_close(ours, theirs, rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("loss_type", ["dapo", "grpo", "bnpo", "dr_grpo"])
+def test_rows_with_zero_advantage_skip_the_loss_pass_and_the_loss_is_trls(tmp_path, monkeypatch, loss_type):
+    """A row whose advantage is 0 (a group whose samples scored alike) is left out of the loss's
+    forward and backward; the loss and every gradient are TRL's over every row, for each way TRL
+    normalises. A micro-batch of such rows only scores its shortest row (loss 0, no gradient); with a
+    KL term every row is scored (its gradient is not 0 there)."""
+    from trl.trainer import utils as trl_utils
+
+    _, ids, trainer = _grpo_trainer(tmp_path, per_device_train_batch_size=4, loss_type=loss_type)
+    model = trainer.model
+    trainer.current_gradient_accumulation_steps = 1
+    p, k = 12, 24
+    lengths = [24, 20, 24, 15]
+    completion_mask = torch.tensor([[1] * c + [0] * (k - c) for c in lengths])
+    g = torch.Generator().manual_seed(1)
+    inputs = {
+        "prompt_ids": torch.tensor([ids[:p]] * 4), "prompt_mask": torch.ones(4, p, dtype=torch.long),
+        "completion_ids": torch.tensor([ids[p : p + k]] * 4) * completion_mask, "completion_mask": completion_mask,
+        "advantages": torch.tensor([0.0, -0.5, 0.0, 1.0]),
+        "old_per_token_logps": -torch.rand(4, k, generator=g) * 3, "ref_per_token_logps": -torch.rand(4, k, generator=g) * 3,
+        "num_items_in_batch": completion_mask.sum(),
+    }  # fmt: skip
+    scored = []
+    apply = trl_utils._ChunkedLogProbFunction.apply
+    monkeypatch.setattr(trl_utils._ChunkedLogProbFunction, "apply", lambda h, *a: scored.append(len(h)) or apply(h, *a))
+    model.train()
+
+    def loss_and_grads(skip: bool, advantages: list[float]):
+        trainer.skip_zero_advantage = skip
+        scored.clear()
+        model.zero_grad()
+        batch = {key: v.clone() for key, v in inputs.items()} | {"advantages": torch.tensor(advantages)}
+        loss = trainer._compute_loss(model, batch)
+        loss.backward()
+        return loss.detach(), [q.grad.clone() for q in model.parameters()]
+
+    some = [0.0, -0.5, 0.0, 1.0]
+    theirs = loss_and_grads(False, some)
+    assert sum(scored) == int(completion_mask.sum())  # every row's tokens projected
+    ours = loss_and_grads(True, some)
+    assert sum(scored) == 20 + 15  # rows 2 and 4 only
+    assert theirs[0] != 0
+    for a, b in zip([ours[0], *ours[1]], [theirs[0], *theirs[1]], strict=True):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)
+    loss, grads = loss_and_grads(True, [0.0] * 4)
+    assert sum(scored) == 15 and loss == 0 and all(g.abs().max() == 0 for g in grads)  # the shortest row
+    trainer.beta = 0.1  # a KL term: a row with advantage 0 still has a gradient
+    loss_and_grads(True, some)
+    assert sum(scored) == int(completion_mask.sum())
 
 
 def test_batched_tokenisation_gives_the_ids_one_encode_per_text_gives():

@@ -171,16 +171,61 @@ def _compact_on_cpu(use_triton):
 if not hasattr(trl_utils._use_triton, "trl_use_triton"):  # once per process
     trl_utils._use_triton = _compact_on_cpu(trl_utils._use_triton)
 SKIPPED_LOGPS = ("old_per_token_logps", "ref_per_token_logps", "sampling_per_token_logps")
+# TRL's loss types whose rows with advantage 0 can leave the loss's pass (_rows_with_signal), and the
+# text-only inputs it slices by row (anything else, images say, keeps every row)
+ROW_MEAN_LOSSES = {"grpo", "sapo", "dr_grpo", "luspo"}
+DROPPABLE_LOSSES = ROW_MEAN_LOSSES | {"dapo", "cispo", "bnpo"}
+TEXT_INPUTS = {"prompt_ids", "prompt_mask", "completion_ids", "completion_mask", "tool_mask", "advantages"}
+TEXT_INPUTS |= {"num_items_in_batch", "importance_sampling_ratio", *SKIPPED_LOGPS}
+
+
+def _own_tokens(inputs: dict) -> torch.Tensor:
+    mask = inputs["completion_mask"]
+    return (mask * inputs["tool_mask"] if "tool_mask" in inputs else mask).sum().clamp(min=1.0)
 
 
 class ResumableGRPOTrainer(GRPOTrainer):
     skip_retrieved = True  # the loss's LM head leaves retrieved tokens out (benchmarks/real_model.py: both)
+    skip_zero_advantage = True  # rows whose advantage is 0 at every token skip the loss's pass (_rows_with_signal)
     _score_mask: torch.Tensor | None = None  # (rows, completion width): 0 where no loss reads a log-prob
 
     def _get_train_sampler(self, dataset=None) -> Sampler:
         return EpochReplaySampler(super()._get_train_sampler(dataset))
 
     def _compute_loss(self, model, inputs):
+        inputs, scale = self._rows_with_signal(inputs)
+        loss = self._loss_over_own_tokens(model, inputs)
+        return loss if scale == 1.0 else loss * scale
+
+    def _rows_with_signal(self, inputs) -> tuple[dict, float]:
+        """(the micro-batch without its rows whose advantage is 0 at every token, the factor that
+        gives the loss TRL gives on every row). When the advantage-weighted term is the loss's only
+        one (no KL term, no entropy bonus, no entropy quantile), such a row's loss is -min(r 0, clip(r) 0)
+        = 0 with a zero gradient, so its forward and backward are pure cost: a GRPO group whose
+        samples all scored alike is one (most groups of a weak cold start, issue 47). The token-sum
+        losses (dapo, cispo) divide by the generation batch's token count TRL passes in, unchanged;
+        the row means (grpo, sapo, dr_grpo, luspo) are scaled by rows kept / rows, bnpo by tokens
+        kept / tokens. TRL's entropy and clip-ratio logs then cover the rows kept. A micro-batch
+        with no such row keeps its shortest one (loss 0): every process's backward still reaches
+        every parameter, as DDP needs."""
+        adv = inputs["advantages"]
+        zero = adv.eq(0) if adv.dim() == 1 else adv.eq(0).all(1)
+        if not (self.skip_zero_advantage and bool(zero.any()) and self._rows_droppable(inputs)):
+            return inputs, 1.0
+        keep = ~zero
+        if not bool(keep.any()):
+            keep[(inputs["prompt_mask"].sum(1) + inputs["completion_mask"].sum(1)).argmin()] = True
+        rows = len(adv)
+        kept = {k: v[keep] if torch.is_tensor(v) and v.dim() and len(v) == rows else v for k, v in inputs.items()}
+        if self.loss_type == "bnpo":
+            return kept, (_own_tokens(kept) / _own_tokens(inputs)).item()
+        return kept, int(keep.sum()) / rows if self.loss_type in ROW_MEAN_LOSSES else 1.0
+
+    def _rows_droppable(self, inputs) -> bool:
+        plain = self.beta == 0.0 and not self._entropy_bonus_enabled and self.top_entropy_quantile >= 1.0
+        return plain and not self.aux_loss_enabled and self.loss_type in DROPPABLE_LOSSES and set(inputs) <= TEXT_INPUTS
+
+    def _loss_over_own_tokens(self, model, inputs):
         own = inputs.get("tool_mask")  # 1: the model's token, 0: retrieved
         if own is None or not self.skip_retrieved or bool(own.all()):
             return super()._compute_loss(model, inputs)
