@@ -320,7 +320,7 @@ def test_rows_with_zero_advantage_skip_the_loss_pass_and_the_loss_is_trls(tmp_pa
     theirs = loss_and_grads(False, some)
     assert sum(scored) == int(completion_mask.sum())  # every row's tokens projected
     ours = loss_and_grads(True, some)
-    assert sum(scored) == 20 + 15  # rows 2 and 4 only
+    assert sum(scored) == 20 + 15 and trainer._metrics["train"]["loss/rows_scored"][-1] == 0.5  # rows 2 and 4
     assert theirs[0] != 0
     for a, b in zip([ours[0], *ours[1]], [theirs[0], *theirs[1]], strict=True):
         torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6)

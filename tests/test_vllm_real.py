@@ -163,7 +163,13 @@ def _grpo_colocate(runs, policy) -> tuple[str, dict]:
     settings = ["steps=3", "prompts_per_step=2", "num_generations=4", "grad_accum=1", "max_new_tokens=48"]
     settings += ["max_turns=2", "max_completion_tokens=640", "save_steps=0", "lr=2e-4"]
     # the entropy bonus: a gradient at every step, even one whose rewards are all equal (no GRPO signal)
-    settings += ["entropy_coef=0.01", "rewards={em: 1.0, format: 0.5}", "vllm=colocate", f"policy={policy}", "name=colocate"]
+    settings += [
+        "entropy_coef=0.01",
+        "rewards={em: 1.0, format: 0.5}",
+        "vllm=colocate",
+        f"policy={policy}",
+        "name=colocate",
+    ]
     return str(run_stage("rl", PIPELINE, settings, runs).path), seen
 
 

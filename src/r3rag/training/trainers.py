@@ -210,12 +210,15 @@ class ResumableGRPOTrainer(GRPOTrainer):
         every parameter, as DDP needs."""
         adv = inputs["advantages"]
         zero = adv.eq(0) if adv.dim() == 1 else adv.eq(0).all(1)
+        keep, rows = ~zero, len(adv)
         if not (self.skip_zero_advantage and bool(zero.any()) and self._rows_droppable(inputs)):
-            return inputs, 1.0
-        keep = ~zero
-        if not bool(keep.any()):
+            keep[:] = True
+        elif not bool(keep.any()):
             keep[(inputs["prompt_mask"].sum(1) + inputs["completion_mask"].sum(1)).argmin()] = True
-        rows = len(adv)
+        if self.model.training:  # the share of rows the loss's pass scored: what the skip saved
+            self._metrics["train"]["loss/rows_scored"].append(float(keep.float().mean()))
+        if bool(keep.all()):
+            return inputs, 1.0
         kept = {k: v[keep] if torch.is_tensor(v) and v.dim() and len(v) == rows else v for k, v in inputs.items()}
         if self.loss_type == "bnpo":
             return kept, (_own_tokens(kept) / _own_tokens(inputs)).item()
