@@ -26,6 +26,11 @@ imported `model/` directory), then measures on `--threads` threads (default 2):
   (r3rag's default: `ResumableGRPOTrainer.skip_retrieved`) and every completion token (TRL's),
   and reports `real_grpo_step_s_scoring_all`, each arm's training seconds (the step less its
   rollouts) and `grpo_train_speedup_skip_retrieved` (all-scored / own-tokens training seconds).
+  `--compare-skip` runs that step twice on rewards that give half the groups a signal (the first
+  sample of every other group scores 1, the rest 0: a real cold start's share, issue 47), the
+  loss's pass over every row and over the rows whose advantage is not 0 (r3rag's default:
+  `ResumableGRPOTrainer.skip_zero_advantage`), and reports `real_grpo_step_s_all_rows`, each arm's
+  training seconds, `grpo_rows_scored` and `grpo_train_speedup_skip_zero_advantage`.
 `--sections grpo` (comma-separated: generate, env, sft, grpo) measures only those figures.
 
 Training runs with the stages' default `bf16: auto` (bf16 autocast only on a CPU with native bf16,
@@ -277,7 +282,46 @@ def compare_scoring(path: Path, questions, retriever, s, bf16, work: Path) -> di
     }
 
 
-def bench_grpo(path: Path, questions, retriever, s, bf16, work: Path) -> dict:
+def compare_skip(path: Path, questions, retriever, s, bf16, work: Path) -> dict:
+    """The GRPO step with half the groups carrying signal, the loss's pass over every row, then
+    over the rows with a non-zero advantage."""
+    from r3rag.training.trainers import ResumableGRPOTrainer
+
+    ResumableGRPOTrainer.skip_zero_advantage = False
+    try:
+        every = bench_grpo(path, questions, retriever, s, bf16, work / "all", HalfTheGroups(s["group"]))
+    finally:
+        ResumableGRPOTrainer.skip_zero_advantage = True
+    kept = bench_grpo(path, questions, retriever, s, bf16, work / "kept", HalfTheGroups(s["group"]))
+    train = {k: r["real_grpo_step_s"] - r["grpo_generation_s"] for k, r in (("all", every), ("kept", kept))}
+    return {
+        **kept,
+        "real_grpo_step_s_all_rows": every["real_grpo_step_s"],
+        "grpo_train_s": round(train["kept"], 2),
+        "grpo_train_s_all_rows": round(train["all"], 2),
+        "grpo_train_speedup_skip_zero_advantage": round(train["all"] / train["kept"], 3),
+    }
+
+
+class HalfTheGroups:
+    """A reward scorer (RewardScorer's interface) whose EM is 1 for the first sample of every other
+    group and 0 elsewhere: half the groups carry signal, whatever the model writes."""
+
+    names = ["em"]
+    step_credit = False
+
+    def __init__(self, group: int):
+        self.group = group
+
+    def trl_weights(self) -> dict[str, float]:
+        return {"em": 1.0}
+
+    def score_steps(self, trajs, examples):
+        em = [float(i % self.group == 0 and (i // self.group) % 2 == 0) for i in range(len(trajs))]
+        return [{"em": x} for x in em], [[] for _ in trajs]
+
+
+def bench_grpo(path: Path, questions, retriever, s, bf16, work: Path, scorer=None) -> dict:
     import r3rag.generation.hf as hf
     from r3rag.rl.grpo import build_trainer
     from r3rag.rl.rewards import RewardScorer, RewardSettings
@@ -306,7 +350,7 @@ def bench_grpo(path: Path, questions, retriever, s, bf16, work: Path) -> dict:
         vllm="",
         rollout_samples=0,
     )
-    scorer = RewardScorer({"em": 1.0}, RewardSettings(), PROTOCOL)
+    scorer = scorer or RewardScorer({"em": 1.0}, RewardSettings(), PROTOCOL)
     clock = StepClock()
     trainer = build_trainer(
         model, tok, questions[: 4 * s["prompts"]], retriever, PROTOCOL, scorer, cfg, work / "grpo", [clock]
@@ -332,6 +376,7 @@ def bench_grpo(path: Path, questions, retriever, s, bf16, work: Path) -> dict:
         "grpo_generation_s": round(last["timing"]["generation"], 2),
         "grpo_searches": statistics.mean(last["num_searches"]),
         "grpo_completion_tokens": statistics.mean(map(len, last["completion_ids"])),
+        "grpo_rows_scored": [h["loss/rows_scored"] for h in trainer.state.log_history if "loss/rows_scored" in h][-1],
     }
 
 
@@ -344,6 +389,7 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="a smoke run with everything shrunk (< 2 min)")
     ap.add_argument("--sections", default="generate,env,sft,grpo", help="which figures to measure")
     ap.add_argument("--compare-scoring", action="store_true", help="grpo: own tokens vs every token in the loss")
+    ap.add_argument("--compare-skip", action="store_true", help="grpo: rows with advantage 0 skipped vs scored")
     args = ap.parse_args()
     todo = set(args.sections.split(","))
     bf16 = {"true": True, "false": False}.get(args.bf16.lower(), args.bf16)
@@ -376,7 +422,7 @@ def main() -> None:
             sft_tok_s, sft_times = bench_sft(path, docs, s, bf16, work)
             print(f"sft: {sft_tok_s:.0f} tokens/s (steps {[round(t, 2) for t in sft_times]})", file=sys.stderr)
         if "grpo" in todo:
-            bench = compare_scoring if args.compare_scoring else bench_grpo
+            bench = compare_skip if args.compare_skip else compare_scoring if args.compare_scoring else bench_grpo
             grpo = bench(path, questions, retriever, s, bf16, work)
             print(f"grpo: {grpo}", file=sys.stderr)
     r = lambda x, n=1: None if x is None else round(x, n)  # noqa: E731
