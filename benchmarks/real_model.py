@@ -263,43 +263,38 @@ def bench_sft(path: Path, docs, s, bf16, work: Path) -> tuple[float, list[float]
 
 def compare_scoring(path: Path, questions, retriever, s, bf16, work: Path) -> dict:
     """The GRPO step with the loss's LM head over every completion token, then over the model's own."""
-    from r3rag.training.trainers import ResumableGRPOTrainer
-
-    ResumableGRPOTrainer.skip_retrieved = False
-    try:
-        every = bench_grpo(path, questions, retriever, s, bf16, work / "all")
-    finally:
-        ResumableGRPOTrainer.skip_retrieved = True
-    own = bench_grpo(path, questions, retriever, s, bf16, work / "own")
-    train = {k: r["real_grpo_step_s"] - r["grpo_generation_s"] for k, r in (("all", every), ("own", own))}
-    return {
-        **own,
-        "real_grpo_step_s_scoring_all": every["real_grpo_step_s"],
-        "grpo_train_s": round(train["own"], 2),
-        "grpo_train_s_scoring_all": round(train["all"], 2),
-        "grpo_train_speedup_skip_retrieved": round(train["all"] / train["own"], 3),
-        "grpo_completion_tokens_scoring_all": every["grpo_completion_tokens"],
-    }
+    out = compare_flag("skip_retrieved", "scoring_all", path, questions, retriever, s, bf16, work)
+    return {**out, "grpo_completion_tokens_scoring_all": out.pop("off")["grpo_completion_tokens"]}
 
 
 def compare_skip(path: Path, questions, retriever, s, bf16, work: Path) -> dict:
     """The GRPO step with half the groups carrying signal, the loss's pass over every row, then
     over the rows with a non-zero advantage."""
+    scorer = HalfTheGroups(s["group"])
+    out = compare_flag("skip_zero_advantage", "all_rows", path, questions, retriever, s, bf16, work, scorer)
+    return {**out, "grpo_rows_scored_all_rows": out.pop("off")["grpo_rows_scored"]}
+
+
+def compare_flag(flag: str, suffix: str, path: Path, questions, retriever, s, bf16, work: Path, scorer=None) -> dict:
+    """The GRPO step with `ResumableGRPOTrainer.<flag>` off, then on (r3rag's default): the second
+    arm's figures, the first's step seconds (`real_grpo_step_s_<suffix>`), both arms' training
+    seconds (the step less its rollouts) and their ratio; `off`: the first arm's figures."""
     from r3rag.training.trainers import ResumableGRPOTrainer
 
-    ResumableGRPOTrainer.skip_zero_advantage = False
+    setattr(ResumableGRPOTrainer, flag, False)
     try:
-        every = bench_grpo(path, questions, retriever, s, bf16, work / "all", HalfTheGroups(s["group"]))
+        off = bench_grpo(path, questions, retriever, s, bf16, work / "off", scorer)
     finally:
-        ResumableGRPOTrainer.skip_zero_advantage = True
-    kept = bench_grpo(path, questions, retriever, s, bf16, work / "kept", HalfTheGroups(s["group"]))
-    train = {k: r["real_grpo_step_s"] - r["grpo_generation_s"] for k, r in (("all", every), ("kept", kept))}
+        setattr(ResumableGRPOTrainer, flag, True)
+    on = bench_grpo(path, questions, retriever, s, bf16, work / "on", scorer)
+    train = {k: r["real_grpo_step_s"] - r["grpo_generation_s"] for k, r in (("off", off), ("on", on))}
     return {
-        **kept,
-        "real_grpo_step_s_all_rows": every["real_grpo_step_s"],
-        "grpo_train_s": round(train["kept"], 2),
-        "grpo_train_s_all_rows": round(train["all"], 2),
-        "grpo_train_speedup_skip_zero_advantage": round(train["all"] / train["kept"], 3),
+        **on,
+        f"real_grpo_step_s_{suffix}": off["real_grpo_step_s"],
+        "grpo_train_s": round(train["on"], 2),
+        f"grpo_train_s_{suffix}": round(train["off"], 2),
+        f"grpo_train_speedup_{flag}": round(train["off"] / train["on"], 3),
+        "off": off,
     }
 
 
