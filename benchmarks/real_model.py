@@ -264,7 +264,8 @@ def bench_sft(path: Path, docs, s, bf16, work: Path) -> tuple[float, list[float]
 def compare_scoring(path: Path, questions, retriever, s, bf16, work: Path) -> dict:
     """The GRPO step with the loss's LM head over every completion token, then over the model's own."""
     out = compare_flag("skip_retrieved", "scoring_all", path, questions, retriever, s, bf16, work)
-    return {**out, "grpo_completion_tokens_scoring_all": out.pop("off")["grpo_completion_tokens"]}
+    off = out.pop("off")
+    return {**out, "grpo_completion_tokens_scoring_all": off["grpo_completion_tokens"]}
 
 
 def compare_skip(path: Path, questions, retriever, s, bf16, work: Path) -> dict:
@@ -272,7 +273,8 @@ def compare_skip(path: Path, questions, retriever, s, bf16, work: Path) -> dict:
     over the rows with a non-zero advantage."""
     scorer = HalfTheGroups(s["group"])
     out = compare_flag("skip_zero_advantage", "all_rows", path, questions, retriever, s, bf16, work, scorer)
-    return {**out, "grpo_rows_scored_all_rows": out.pop("off")["grpo_rows_scored"]}
+    off = out.pop("off")
+    return {**out, "grpo_rows_scored_all_rows": off["grpo_rows_scored"]}
 
 
 def compare_flag(flag: str, suffix: str, path: Path, questions, retriever, s, bf16, work: Path, scorer=None) -> dict:
