@@ -383,8 +383,8 @@ def test_the_rl_stage_runs_ppo_with_lora_a_kl_penalty_and_the_best_dev_step(pipe
     from r3rag.experiments.pipeline import run_stage
     from r3rag.util.jsonl import read_jsonl
 
-    runs, _ = pipeline_runs
-    (world,) = (runs / "world").glob("*/train.jsonl")  # the fixture's world has no dev split: train stands in
+    runs, refs = pipeline_runs
+    world = refs["world"].path / "train.jsonl"  # the fixture's world has no dev split: train stands in
     settings = {
         "eval_questions": world,
         "steps": 2,

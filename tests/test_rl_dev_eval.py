@@ -11,10 +11,12 @@ from tests.cli_helpers import assert_one_line_error, r3rag_inprocess
 from tests.test_rl_correctness import searching_policy  # noqa: F401 (a fixture: an SFT policy that searches)
 
 
-def _dev_file(runs, tmp_path, n=4):
+def _dev_file(world, tmp_path, n=4):
+    """The first `n` test questions of the world artifact at `world`, as a dev file. (The world by
+    path, not the runs dir's only one: the session's pipeline_runs may hold others that tests of
+    other files built, and which ran first depends on the order pytest's workers take the files.)"""
     from r3rag.util.jsonl import read_jsonl
 
-    (world,) = (runs / "world").glob("default-*")
     path = tmp_path / "dev.jsonl"
     path.write_text("".join(json.dumps(q) + "\n" for q in read_jsonl(world / "test.jsonl")[:n]))
     return path
@@ -26,7 +28,7 @@ def test_dev_em_is_logged_beside_the_reward_at_the_eval_steps(pipeline_runs, tmp
     from r3rag.experiments.pipeline import run_stage
     from r3rag.util.jsonl import read_jsonl
 
-    runs, _ = pipeline_runs
+    runs, refs = pipeline_runs
     ref = run_stage(
         "rl",
         None,
@@ -39,7 +41,7 @@ def test_dev_em_is_logged_beside_the_reward_at_the_eval_steps(pipeline_runs, tmp
             "max_turns=2",
             "max_new_tokens=12",
             "eval_every=2",
-            f"eval_questions={_dev_file(runs, tmp_path)}",
+            f"eval_questions={_dev_file(refs['world'].path, tmp_path)}",
             "dynamic_sampling=true",
             "dynamic_sampling_rounds=1",
             "process_credit=step",
@@ -66,7 +68,7 @@ def test_keep_best_dev_publishes_the_best_steps_weights(pipeline_runs, tmp_path,
     from r3rag.rl import grpo
     from r3rag.util.jsonl import read_jsonl
 
-    runs, _ = pipeline_runs
+    runs, refs = pipeline_runs
     script = {0: 0.1, 2: 0.5, 4: 0.2}
     weights = {}
 
@@ -91,7 +93,7 @@ def test_keep_best_dev_publishes_the_best_steps_weights(pipeline_runs, tmp_path,
             "keep=best_dev",
             "weight_decay=0.5",
             "lr=1e-2",
-            f"eval_questions={_dev_file(runs, tmp_path)}",
+            f"eval_questions={_dev_file(refs['world'].path, tmp_path)}",
         ],
         runs,
     )
@@ -108,8 +110,8 @@ def test_keep_best_dev_publishes_the_best_steps_weights(pipeline_runs, tmp_path,
 
 
 def test_dev_eval_without_a_dev_split_is_one_line(pipeline_runs, tmp_path):
-    runs, _ = pipeline_runs
-    questions = _dev_file(runs, tmp_path)
+    runs, refs = pipeline_runs
+    questions = _dev_file(refs["world"].path, tmp_path)
     out = r3rag_inprocess("rl", "--runs-dir", str(runs), "--set", "eval_every=2", "--set", f"questions={questions}")
     assert_one_line_error(out, "rl.eval_every", "set rl.eval_questions")
     out = r3rag_inprocess("rl", "--runs-dir", str(runs), "--set", "keep=best_dev")
@@ -130,7 +132,7 @@ def test_a_resumed_run_with_the_new_settings_ends_where_a_straight_run_ends(sear
     extra = [
         "eval_every=2",
         "keep=best_dev",
-        f"eval_questions={_dev_file(searching_policy, tmp_path, n=8)}",
+        f"eval_questions={_dev_file(next((searching_policy / 'world').glob('default-*')), tmp_path, n=8)}",
         "dynamic_sampling=true",
         "dynamic_sampling_rounds=2",
         "epsilon_high=0.28",

@@ -80,15 +80,17 @@ def test_eval_metrics_shape(pipeline_runs):
     assert {"world", "index", "synthesize", "sft", "rl", "eval"} <= {a.stage for a in list_artifacts(runs)}
 
 
-def test_rerun_reuses_existing_artifacts(pipeline_runs):
+def test_rerun_reuses_existing_artifacts(pipeline_runs, tmp_path):
     from r3rag.experiments.pipeline import run_stage
     from tests.conftest import TINY_WORLD
 
     runs, refs = pipeline_runs
     again = run_stage("world", None, [f"{k}={v}" for k, v in TINY_WORLD.items()], runs)
     assert again.path == refs["world"].path
-    other = run_stage("world", None, [f"{k}={v}" for k, v in TINY_WORLD.items()] + ["seed=5"], runs)
-    assert other.path != refs["world"].path
+    # another seed, another artifact: built in a runs dir of its own, since in the session's one it
+    # would become world:latest for every test that runs after this one in the same process
+    other = run_stage("world", None, [f"{k}={v}" for k, v in TINY_WORLD.items()] + ["seed=5"], tmp_path / "runs")
+    assert other.id != refs["world"].id
 
 
 def test_base_stage_then_lora_cold_start(pipeline_runs):
