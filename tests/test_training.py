@@ -205,6 +205,36 @@ def _grpo_trainer(tmp_path, **config):
     return tok, ids, trainer
 
 
+LENGTHS = [24, 20, 24, 15]  # completion lengths of a loss test's 4 rows: the second and fourth right-padded
+
+
+def _loss_batch(ids, advantages: list[float], seed: int, tool_mask=None) -> dict:
+    """A micro-batch as TRL hands `_compute_loss` one: 4 rows of a 12-token prompt and a completion of
+    LENGTHS tokens in 24 columns, old and reference log-probs drawn from `seed` (ratios and KL live)."""
+    p, k = 12, 24
+    completion_mask = torch.tensor([[1] * c + [0] * (k - c) for c in LENGTHS])
+    g = torch.Generator().manual_seed(seed)
+    batch = {
+        "prompt_ids": torch.tensor([ids[:p]] * 4), "prompt_mask": torch.ones(4, p, dtype=torch.long),
+        "completion_ids": torch.tensor([ids[p : p + k]] * 4) * completion_mask, "completion_mask": completion_mask,
+        "advantages": torch.tensor(advantages),
+        "old_per_token_logps": -torch.rand(4, k, generator=g) * 3, "ref_per_token_logps": -torch.rand(4, k, generator=g) * 3,
+    }  # fmt: skip
+    if tool_mask is not None:
+        batch["tool_mask"] = tool_mask
+    return batch | {"num_items_in_batch": (completion_mask if tool_mask is None else completion_mask * tool_mask).sum()}
+
+
+def _projected_rows(monkeypatch) -> list[int]:
+    """The number of positions each call of TRL's fused LM head projects, appended as it runs."""
+    from trl.trainer import utils as trl_utils
+
+    rows: list[int] = []
+    apply = trl_utils._ChunkedLogProbFunction.apply
+    monkeypatch.setattr(trl_utils._ChunkedLogProbFunction, "apply", lambda h, *a: rows.append(len(h)) or apply(h, *a))
+    return rows
+
+
 def test_grpo_logps_without_padding_equal_trls_on_the_padded_batch(tmp_path, monkeypatch):
     """ResumableGRPOTrainer scores rows sorted by length, in groups with their all-padding
     columns trimmed: the log-probs, entropies and gradients are TRL's on the whole padded
@@ -240,30 +270,15 @@ def test_the_grpo_loss_leaves_retrieved_tokens_out_of_the_lm_head_and_is_trls(tm
     """With a retrieved span (tool_mask 0) in each completion, the loss's LM head projects the
     model's own tokens only, and the loss and every gradient are what TRL's loss over all
     completion tokens gives (old and reference log-probs given, so ratios and KL are live)."""
-    from trl.trainer import utils as trl_utils
-
     _, ids, trainer = _grpo_trainer(tmp_path, per_device_train_batch_size=4)
     model = trainer.model
     trainer.beta = 0.1  # the KL term on the given reference log-probs (no reference model built)
     trainer.current_gradient_accumulation_steps = 1  # as Trainer.train sets it
-    p, k = 12, 24
-    lengths = [24, 20, 24, 15]  # the second and fourth right-padded
-    completion_mask = torch.tensor([[1] * c + [0] * (k - c) for c in lengths])
-    tool_mask = torch.ones(4, k, dtype=torch.long)
+    tool_mask = torch.ones(4, 24, dtype=torch.long)
     tool_mask[:, 6:14] = 0  # the documents of one search
-    g = torch.Generator().manual_seed(0)
-    inputs = {
-        "prompt_ids": torch.tensor([ids[:p]] * 4), "prompt_mask": torch.ones(4, p, dtype=torch.long),
-        "completion_ids": torch.tensor([ids[p : p + k]] * 4) * completion_mask, "completion_mask": completion_mask,
-        "tool_mask": tool_mask, "advantages": torch.tensor([1.0, -0.5, 0.25, -1.0]),
-        "old_per_token_logps": -torch.rand(4, k, generator=g) * 3, "ref_per_token_logps": -torch.rand(4, k, generator=g) * 3,
-        "num_items_in_batch": (completion_mask * tool_mask).sum(),
-    }  # fmt: skip
-    scored_rows = []
-    apply = trl_utils._ChunkedLogProbFunction.apply
-    monkeypatch.setattr(
-        trl_utils._ChunkedLogProbFunction, "apply", lambda h, *a: scored_rows.append(len(h)) or apply(h, *a)
-    )
+    inputs = _loss_batch(ids, [1.0, -0.5, 0.25, -1.0], 0, tool_mask)
+    completion_mask = inputs["completion_mask"]
+    scored_rows = _projected_rows(monkeypatch)
     trainer.model.train()
     results = {}
     for skip in (True, False):
@@ -286,25 +301,12 @@ def test_rows_with_zero_advantage_skip_the_loss_pass_and_the_loss_is_trls(tmp_pa
     forward and backward; the loss and every gradient are TRL's over every row, for each way TRL
     normalises. A micro-batch of such rows only scores its shortest row (loss 0, no gradient); with a
     KL term every row is scored (its gradient is not 0 there)."""
-    from trl.trainer import utils as trl_utils
-
     _, ids, trainer = _grpo_trainer(tmp_path, per_device_train_batch_size=4, loss_type=loss_type)
     model = trainer.model
     trainer.current_gradient_accumulation_steps = 1
-    p, k = 12, 24
-    lengths = [24, 20, 24, 15]
-    completion_mask = torch.tensor([[1] * c + [0] * (k - c) for c in lengths])
-    g = torch.Generator().manual_seed(1)
-    inputs = {
-        "prompt_ids": torch.tensor([ids[:p]] * 4), "prompt_mask": torch.ones(4, p, dtype=torch.long),
-        "completion_ids": torch.tensor([ids[p : p + k]] * 4) * completion_mask, "completion_mask": completion_mask,
-        "advantages": torch.tensor([0.0, -0.5, 0.0, 1.0]),
-        "old_per_token_logps": -torch.rand(4, k, generator=g) * 3, "ref_per_token_logps": -torch.rand(4, k, generator=g) * 3,
-        "num_items_in_batch": completion_mask.sum(),
-    }  # fmt: skip
-    scored = []
-    apply = trl_utils._ChunkedLogProbFunction.apply
-    monkeypatch.setattr(trl_utils._ChunkedLogProbFunction, "apply", lambda h, *a: scored.append(len(h)) or apply(h, *a))
+    inputs = _loss_batch(ids, [0.0, -0.5, 0.0, 1.0], 1)
+    completion_mask = inputs["completion_mask"]
+    scored = _projected_rows(monkeypatch)
     model.train()
 
     def loss_and_grads(skip: bool, advantages: list[float]):

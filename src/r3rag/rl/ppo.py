@@ -47,7 +47,7 @@ from r3rag.rl.advantages import (
     value_loss,
 )
 from r3rag.rl.critic import critic_values, load_critic, save_critic, trained_parameters
-from r3rag.training.trainers import R3ragGRPOTrainer
+from r3rag.training.trainers import R3ragGRPOTrainer, own_token_mask
 
 
 class R3ragPPOTrainer(R3ragGRPOTrainer):
@@ -80,8 +80,7 @@ class R3ragPPOTrainer(R3ragGRPOTrainer):
     def _advantages(self, out: dict, inputs) -> dict:
         """TRL's batch with this algorithm's advantages (and, for ppo, the rollout's values and the
         returns the critic regresses on) in place of GRPO's."""
-        mask = out["completion_mask"] * out["tool_mask"] if "tool_mask" in out else out["completion_mask"]
-        mask = mask.float()
+        mask = own_token_mask(out).float()
         rewards = self._trajectory_rewards()  # every process's
         local = slice(self.accelerator.process_index * len(inputs), (self.accelerator.process_index + 1) * len(inputs))
         kl = self._k1(out, mask)
@@ -205,9 +204,7 @@ class R3ragPPOTrainer(R3ragGRPOTrainer):
     def _critic_step(self, batch: dict) -> None:
         """One micro-batch of the critic's clipped value loss; its optimizer steps with the policy's."""
         ids, attention, width = _rows(batch)
-        mask = (
-            batch["completion_mask"] * batch["tool_mask"] if "tool_mask" in batch else batch["completion_mask"]
-        ).float()
+        mask = own_token_mask(batch).float()
         self.critic.train()
         with self.accelerator.autocast():
             predicted = critic_values(self.critic, ids, attention, width)

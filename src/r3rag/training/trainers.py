@@ -179,9 +179,15 @@ TEXT_INPUTS = {"prompt_ids", "prompt_mask", "completion_ids", "completion_mask",
 TEXT_INPUTS |= {"num_items_in_batch", "importance_sampling_ratio", *SKIPPED_LOGPS}
 
 
-def _own_tokens(inputs: dict) -> torch.Tensor:
+def own_token_mask(inputs: dict) -> torch.Tensor:
+    """1 at the model's own completion tokens of a TRL batch, 0 at padding and retrieved ones: the
+    tokens every loss reads (TRL's `completion_mask * tool_mask`)."""
     mask = inputs["completion_mask"]
-    return (mask * inputs["tool_mask"] if "tool_mask" in inputs else mask).sum().clamp(min=1.0)
+    return mask * inputs["tool_mask"] if "tool_mask" in inputs else mask
+
+
+def _own_tokens(inputs: dict) -> torch.Tensor:
+    return own_token_mask(inputs).sum().clamp(min=1.0)
 
 
 class ResumableGRPOTrainer(GRPOTrainer):
