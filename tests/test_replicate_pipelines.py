@@ -106,6 +106,11 @@ def test_the_real_rl_pilot_scores_dev_only_and_each_slice_fits(tmp_path):
         3e-5,
     }
     assert all(s["minutes"] <= MAX_MINUTES for s in p["slices"].values())
+    # the long run's links: each from the one before (the first from a learning rate's run), a seed of its own
+    links = [k for k in p["variants"] if k.startswith("g")]
+    starts = [_sets(p["variants"][k])["rl.policy"] for k in links]
+    assert starts[1:] == [f"${{{k}.rl}}" for k in links[:-1]] and starts[0].startswith("${lr_")
+    assert len({_sets(p["variants"][k])["rl.seed"] for k in links}) == len(links) == 5
     out = r3rag_inprocess("run", PIPELINES / "real-smollm2-rl.yaml", "--dry-run", "--runs-dir", tmp_path / "runs")
     assert out.returncode == 0, out.stderr
     assert "split=dev" in out.stdout and "split=test" not in out.stdout

@@ -10,15 +10,20 @@ run's reward per step and dev EM where it was evaluated):
 - `stability(curves)`: both drops for every run.
 - `plot_curves(curves, png)`: training reward (smoothed) and dev EM per step, one colour per arm,
   one line per seed.
+- `run_curve(rl_dir)`: an RL artifact's curve; one that started from another RL artifact's policy
+  (`rl.policy=${earlier.rl}`: a long run built as a chain of shorter ones, each a slice) continues
+  that one's curve, its steps counted on from the step it started from.
 
 Usage:
     curves = {"PPO": {"0": [{"step": 1, "reward": 0.2, "dev_em": 0.5}, ...], "1": [...]}, "GRPO": {...}}
     stability(curves)    # {"PPO": {"0": {"reward_drop": 0.03, "dev_em_drop": 0.0}, ...}, ...}
     plot_curves(curves, Path("docs/replicate-ppo-curves.png"), title="...")
+    run_curve(Path("runs/rl/<id>"))   # [{"step", "reward", "dev_em"?}, ...], earlier links first
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 REWARD_WINDOW = 10  # steps the training reward is averaged over before its drop is read
@@ -94,3 +99,66 @@ def plot_curves(curves: dict[str, dict[str, list[dict]]], png: Path, title: str 
     fig.savefig(png, bbox_inches="tight")
     plt.close(fig)
     return True
+
+
+def run_curve(rl_dir: Path, upto: int | None = None) -> list[dict]:
+    """Training reward per step and dev EM where it was evaluated, up to its own step `upto`
+    where given: in training (metrics.jsonl's `dev/em`), else by a dev eval of the published
+    policy (an eval artifact beside it in the runs dir, at the kept step). A run whose policy was
+    another RL artifact's continues that run's curve up to the step whose weights it started from
+    (that run's kept step: its last, or its best on dev), its own steps offset by it; its dev EM
+    before its first step (the manifest's `start_dev_em`) fills that step's where none is there."""
+    manifest = _manifest(rl_dir)
+    own = _own_points(rl_dir, manifest, upto)
+    policy = (manifest.get("inputs") or {}).get("policy") or {}
+    parent = rl_dir.parent / str(policy.get("id"))
+    if policy.get("stage") != "rl" or not parent.is_dir():
+        return own
+    earlier = run_curve(parent, (_manifest(parent).get("metrics") or {}).get("kept_step"))
+    offset = earlier[-1]["step"] if earlier else 0
+    start_em = (manifest.get("metrics") or {}).get("start_dev_em")
+    if start_em is not None and earlier and "dev_em" not in earlier[-1]:
+        earlier[-1] = {**earlier[-1], "dev_em": start_em}
+    return earlier + [{**r, "step": r["step"] + offset} for r in own]
+
+
+def _own_points(rl_dir: Path, manifest: dict, upto: int | None) -> list[dict]:
+    """The run's own steps (up to `upto`): reward, and dev EM from training or its dev eval."""
+    from r3rag.util.jsonl import read_jsonl
+
+    metrics = rl_dir / "metrics.jsonl"
+    rows = read_jsonl(metrics, allow_empty=True) if metrics.is_file() else []
+    kept, evaluated = (manifest.get("metrics") or {}).get("kept_step"), _dev_eval_em(rl_dir)
+    points = []
+    for r in rows:
+        if upto is not None and r["step"] > upto:
+            continue
+        point = {"step": r["step"], "reward": r.get("reward")}
+        if "dev/em" in r:
+            point["dev_em"] = r["dev/em"]
+        elif r["step"] == kept and evaluated is not None:  # the published policy, scored by the eval stage
+            point["dev_em"] = evaluated
+        points.append(point)
+    return points
+
+
+def _dev_eval_em(rl_dir: Path) -> float | None:
+    """EM of the RL artifact's policy on the dev split, by the eval artifact (runs/eval/*) that
+    scored it on the most dev questions; None where none did."""
+    best: tuple[int, float] | None = None
+    for path in sorted((rl_dir.parent.parent / "eval").glob("*/manifest.json")):
+        manifest = json.loads(path.read_text())
+        scored = path.parent / "metrics.json"
+        if (manifest.get("config") or {}).get("split") != "dev" or not scored.is_file():
+            continue
+        if ((manifest.get("inputs") or {}).get("rl") or {}).get("id") != rl_dir.name:
+            continue
+        rl = json.loads(scored.read_text()).get("systems", {}).get("rl")
+        if rl and (best is None or rl.get("n", 0) > best[0]):
+            best = (rl.get("n", 0), rl["em"])
+    return best[1] if best else None
+
+
+def _manifest(artifact: Path) -> dict:
+    path = artifact / "manifest.json"
+    return json.loads(path.read_text()) if path.is_file() else {}

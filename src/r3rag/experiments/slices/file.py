@@ -124,15 +124,12 @@ def slice_record(
 
 
 def _curve(rl) -> list[dict]:
-    """An RL artifact's training reward per step and dev EM where it was evaluated (its
-    metrics.jsonl): what a chart of every run's curve and a stability measure are drawn from."""
-    from r3rag.util.jsonl import read_jsonl
+    """An RL artifact's training reward per step and dev EM where it was evaluated, continuing the
+    curve of the RL artifact it started from, if any (r3rag.training.curves.run_curve): what a
+    chart of every run's curve and a stability measure are drawn from."""
+    from r3rag.training.curves import run_curve
 
-    rows = read_jsonl(rl.path / "metrics.jsonl", allow_empty=True) if (rl.path / "metrics.jsonl").is_file() else []
-    return [
-        {"step": r["step"], "reward": r.get("reward"), **({"dev_em": r["dev/em"]} if "dev/em" in r else {})}
-        for r in rows
-    ]
+    return run_curve(rl.path)
 
 
 def _eval(ev) -> dict:
