@@ -207,8 +207,6 @@ def test_bad_context_settings_are_one_line():
 
     with pytest.raises(UserError, match="rl.context=fold: each model turn is a row of its own"):
         rl_validate(RLConfig(context="fold", algorithm="ppo", ppo_unit="step"))
-    with pytest.raises(UserError, match="rl.context=fold: vLLM rollouts"):
-        rl_validate(RLConfig(context="fold", vllm="colocate"))
     from r3rag.stages.synthesize import Config as SynthConfig
     from r3rag.stages.synthesize import _check
 

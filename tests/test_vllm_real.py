@@ -7,6 +7,8 @@ path a GPU run takes, on SmolLM2-135M-Instruct and real questions; no stand-in.
 - GRPO rl.vllm=colocate: 3 steps; the trained weights reach the engine (exactly, in fp32; its
   greedy output moves and is the trained model's greedy choice under transformers); the rollouts'
   vLLM logprobs against the trainer's recomputed ones;
+- GRPO rl.vllm=colocate with rl.context=fold: 2 steps on a row per model turn, vLLM sampling each
+  turn from its folded context: its logprobs are the trainer's on every row;
 - the env_mask GRPO trains on: the same from vLLM's and transformers' rollouts of the same tokens;
 - PPO rl.vllm=colocate: 2 steps; the critic trains, the engine holds the policy's weights only.
 
@@ -197,6 +199,58 @@ def test_grpo_colocate_trains_and_the_weights_reach_vllm(searching_policy):
     diffs = [(s["sampling/sampling_logp_difference/mean"], s["sampling/sampling_logp_difference/max"]) for s in steps]
     print(f"|vLLM logprob - trainer logprob| per step (mean, max): {diffs}")
     assert all(mean < 0.1 for mean, _ in diffs)
+
+
+def _grpo_colocate_fold(runs, policy) -> tuple[str, dict]:
+    """2 GRPO steps with rl.vllm=colocate and rl.context=fold (in its own process): the run's path
+    and, per step, the rows TRL's loss saw against the trajectories they came from."""
+    from r3rag.experiments.pipeline import run_stage
+    from r3rag.stages import rl as rl_stage
+
+    seen: dict = {"rows": [], "trajectories": [], "ratio_shapes": []}
+    build = rl_stage._trainer
+
+    def probed(cfg, model, tokenizer, *rest):
+        trainer = build(cfg, model, tokenizer, *rest)
+        compute = trainer._compute_loss
+
+        def recorded(m, inputs):  # each mini-batch of rows TRL's loss weighs (vLLM's ratio per row)
+            real = inputs["row_of"] >= 0
+            seen["rows"].append(int(real.sum()))
+            seen["trajectories"].append(len(set(inputs["row_of"][real].tolist())))
+            seen["ratio_shapes"].append(list(inputs["importance_sampling_ratio"].shape))
+            return compute(m, inputs)
+
+        trainer._compute_loss = recorded
+        return trainer
+
+    rl_stage._trainer = probed  # this process ends with the run
+    settings = ["steps=2", "prompts_per_step=2", "num_generations=4", "grad_accum=1", "max_new_tokens=48"]
+    settings += ["max_turns=3", "max_completion_tokens=640", "save_steps=0", "lr=2e-4", "entropy_coef=0.01"]
+    settings += ["context=fold", "vllm=colocate", f"policy={policy}", "name=colocate-fold"]
+    return str(run_stage("rl", PIPELINE, settings, runs).path), seen
+
+
+def test_grpo_colocate_trains_on_folded_rows_with_vllms_logprobs(searching_policy):
+    """rl.context=fold with rl.vllm=colocate: each model turn a row of its own, its context the one
+    vLLM sampled it from (the rows' sampling/* lines, every row's, show vLLM's logprobs are the
+    trainer's there), TRL's correction per row, and the policy moves."""
+    from pathlib import Path
+
+    from r3rag.training.modeling import load_model
+
+    runs, refs = searching_policy
+    path, seen = in_own_process(_grpo_colocate_fold, runs, refs["sft"].path)
+    steps = [json.loads(line) for line in (Path(path) / "metrics.jsonl").open()]
+    assert [s["step"] for s in steps] == [1, 2]
+    assert sum(seen["rows"]) > sum(seen["trajectories"])  # the policy searched: more rows than trajectories
+    assert all(shape[1] == 1 for shape in seen["ratio_shapes"])  # TRL's default sequence_mask: one ratio a row
+    diffs = [(s["sampling/sampling_logp_difference/mean"], s["sampling/sampling_logp_difference/max"]) for s in steps]
+    print(f"|vLLM logprob - trainer logprob| over every row per step (mean, max): {diffs}")
+    assert all(mean < 0.1 for mean, _ in diffs)
+    before = load_model(refs["sft"].path / "model", dtype="float32").state_dict()
+    after = load_model(Path(path) / "model", dtype="float32").state_dict()
+    assert any((before[k] - after[k]).abs().max() > 0 for k in before)
 
 
 def _ppo_colocate(runs, policy) -> tuple[str, dict]:

@@ -323,8 +323,6 @@ def build_trainer(
     check_settings(cfg)
     funcs, weights = trl_reward_funcs(scorer)
     cfg = replace(cfg, vllm=resolve_vllm(cfg.vllm))  # "auto" -> the backend this machine has
-    if cfg.vllm and cfg.context == "fold":
-        raise UserError("rl.context=fold: vLLM rollouts of folded trajectories are not built yet; set rl.vllm=''")
     vllm = trl_vllm_flags(cfg) if cfg.vllm else {}
     per_device = per_device_batch(cfg)
     if cfg.dynamic_sampling and per_device * cfg.steps_per_generation * cfg.grad_accum % cfg.num_generations:

@@ -129,8 +129,6 @@ def check_settings(cfg: GRPOSettings) -> None:
             "rl.context=fold: each model turn is a row of its own, rewarded with its trajectory's reward; set "
             "process_credit=trajectory, dynamic_sampling=false and ppo_unit=trajectory"
         )
-    if cfg.context == "fold" and cfg.vllm not in ("", "auto"):
-        raise UserError("rl.context=fold: vLLM rollouts of folded trajectories are not built yet; set rl.vllm=''")
     if cfg.process_credit == "step" and cfg.loss_type not in TOKEN_LEVEL_LOSSES:
         raise UserError(
             f"rl.process_credit=step: loss_type {cfg.loss_type} weighs whole sequences; use one of "
