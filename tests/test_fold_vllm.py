@@ -14,7 +14,7 @@ import torch
 
 from r3rag.core.env import EnvConfig, run_rollouts
 from r3rag.rl.fold_rows import SAMPLING_METRICS, expand, turn_rows
-from tests.test_long_horizon import P, _long, _one_step, _run, _tokenizer, retriever, world  # noqa: F401 (fixtures)
+from tests.test_long_horizon import P, _long, _one_step, _run, _scripted_step, _tokenizer, retriever, world  # noqa: F401 (fixtures)
 
 # ---- expand, by hand ----------------------------------------------------------------------------
 
@@ -230,7 +230,6 @@ def test_a_folded_step_with_vllms_correction_weighs_each_row_by_its_own_ratio(wo
     from r3rag.rl.grpo import build_trainer, rollout_batch
     from r3rag.rl.rewards import RewardScorer, RewardSettings
     from r3rag.training.modeling import tiny_model
-    from r3rag.training.trainers import ROW_FIELDS
 
     q = _long(world.test, 4, "mentor_chain")[0]
     tok = _tokenizer(world)
@@ -249,18 +248,8 @@ def test_a_folded_step_with_vllms_correction_weighs_each_row_by_its_own_ratio(wo
     trainer.use_vllm = trainer.vllm_importance_sampling_correction = True
     trainer.vllm_generation, trainer._last_loaded_step = SimpleNamespace(sync_weights=lambda: None), -1
 
-    def rollout(prompts, tr):
-        out = {**batch, "scores": scorer.score(pair, [q, q]), "timing": {}}
-        trainer.row_extras = {k: out.pop(k) for k in ROW_FIELDS if k in out}
-        return out
-
-    trainer.rollout_func = rollout
-    seen = []
-    compute = trainer._compute_loss
-    trainer._compute_loss = lambda m, inputs: seen.append(inputs) or compute(m, inputs)
     before = [p.detach().clone() for p in model.parameters()]
-    trainer.train()
-    (inputs,) = seen
+    inputs = _scripted_step(trainer, batch, scorer.score(pair, [q, q]))
     rows = inputs["completion_ids"].shape[0]
     assert rows == 10 and inputs["importance_sampling_ratio"].shape == (rows, 1)
     assert inputs["sampling_per_token_logps"].shape == inputs["completion_ids"].shape

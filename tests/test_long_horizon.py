@@ -248,6 +248,25 @@ def test_the_prefix_cache_reuses_what_a_folded_context_kept(world, retriever):
     assert cached.store.reused_tokens > 0
 
 
+def _scripted_step(trainer, batch: dict, scores) -> dict:
+    """One training step on these rollouts (`batch`, as rollout_batch built it, and their scores)
+    instead of the trainer's own: the one mini-batch its loss weighed."""
+    from r3rag.training.trainers import ROW_FIELDS
+
+    def rollout(prompts, tr):
+        out = {**batch, "scores": scores, "timing": {}}
+        trainer.row_extras = {k: out.pop(k) for k in ROW_FIELDS if k in out}
+        return out
+
+    trainer.rollout_func = rollout
+    seen = []
+    compute = trainer._compute_loss
+    trainer._compute_loss = lambda m, inputs: seen.append(inputs) or compute(m, inputs)
+    trainer.train()
+    (inputs,) = seen
+    return inputs
+
+
 def _one_step(**settings):
     """rl's settings for one optimizer step on one question's group of two (a scripted batch)."""
     from r3rag.stages.rl import Config
@@ -324,7 +343,6 @@ def test_rl_rows_of_a_folded_trajectory_reproduce_its_turns_and_train(world, ret
     from r3rag.rl.grpo import build_trainer, rollout_batch
     from r3rag.rl.rewards import RewardScorer, RewardSettings
     from r3rag.training.modeling import tiny_model
-    from r3rag.training.trainers import ROW_FIELDS
 
     q = _long(world.test, 4, "mentor_chain")[0]
     right, seen = _run(world, retriever, [q], context="fold")
@@ -342,18 +360,8 @@ def test_rl_rows_of_a_folded_trajectory_reproduce_its_turns_and_train(world, ret
     model = tiny_model(tok, layers=1, hidden=32, heads=2, intermediate=64, max_positions=4096)
     trainer = build_trainer(model, tok, [q], None, P, scorer, cfg, tmp_path)
 
-    def rollout(prompts, tr):
-        out = {**batch, "scores": scorer.score(pair, [q, q]), "timing": {}}
-        trainer.row_extras = {k: out.pop(k) for k in ROW_FIELDS if k in out}
-        return out
-
-    trainer.rollout_func = rollout
-    seen_batches = []
-    compute = trainer._compute_loss
-    trainer._compute_loss = lambda m, inputs: seen_batches.append(inputs) or compute(m, inputs)
     before = [p.detach().clone() for p in model.parameters()]
-    trainer.train()
-    (inputs,) = seen_batches
+    inputs = _scripted_step(trainer, batch, scorer.score(pair, [q, q]))
     assert inputs["completion_ids"].shape[0] == 10  # 5 model turns each (4 searches and the answer)
     mask = inputs["completion_mask"] * inputs["tool_mask"]
     per_row = (
