@@ -111,6 +111,8 @@ def test_the_real_rl_pilot_scores_dev_only_and_each_slice_fits(tmp_path):
     starts = [_sets(p["variants"][k])["rl.policy"] for k in links]
     assert starts[1:] == [f"${{{k}.rl}}" for k in links[:-1]] and starts[0].startswith("${lr_")
     assert len({_sets(p["variants"][k])["rl.seed"] for k in links}) == len(links) == 5
+    start = _sets(p["variants"][starts[0][2:-4]])  # ${lr_3e-5.rl} -> lr_3e-5: every link trains at its rate
+    assert {_sets(p["variants"][k])["rl.lr"] for k in links} == {start["rl.lr"]}
     out = r3rag_inprocess("run", PIPELINES / "real-smollm2-rl.yaml", "--dry-run", "--runs-dir", tmp_path / "runs")
     assert out.returncode == 0, out.stderr
     assert "split=dev" in out.stdout and "split=test" not in out.stdout
