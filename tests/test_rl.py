@@ -382,3 +382,29 @@ def test_training_seconds_before_a_resume_come_from_the_checkpoint_or_the_logged
     clock.on_save(SimpleNamespace(output_dir=str(ckpts)), state, None)
     assert 100.0 <= seconds_before(str(ckpts / "checkpoint-10"), metrics) < 101.0
     assert TrainClock(None, metrics).before == 0.0
+
+
+def test_an_rl_run_continues_from_another_rl_runs_policy_and_its_curve(pipeline_runs):
+    """rl.policy naming an RL artifact (a long run's next link): it trains from that run's weights
+    with its protocol, records it as its `rl` input, and its curve continues that run's steps."""
+    from r3rag.experiments.pipeline import run_stage
+    from r3rag.training.curves import run_curve
+    from r3rag.training.modeling import load_policy
+
+    runs, _ = pipeline_runs
+    common = ["steps=1", "prompts_per_step=2", "num_generations=2", "bf16=false", "max_turns=2"]
+    common += ["max_new_tokens=12", "save_steps=0", "lr=1e-3", "entropy_coef=0.01"]
+    first = run_stage("rl", None, ["name=link1", *common], runs)
+    second = run_stage("rl", None, ["name=link2", "seed=1", f"policy={first.path}", *common], runs)
+    assert second.manifest["inputs"]["policy"]["stage"] == "rl"
+    assert second.manifest["inputs"]["policy"]["id"] == first.id
+    assert (
+        json.loads((second.path / "policy.json").read_text())["protocol"]
+        == json.loads((first.path / "policy.json").read_text())["protocol"]
+    )
+    a, _ = load_policy(first.path)
+    b, _ = load_policy(second.path)
+    assert any((x - y).abs().max() > 0 for x, y in zip(a.parameters(), b.parameters()))  # it trained on
+    assert [r["step"] for r in run_curve(second.path)] == [1, 2]  # the first's step, then its own
+    again = run_stage("rl", None, ["name=link2", "seed=1", f"policy=rl:{first.id}", *common], runs)
+    assert again.id == second.id  # named by id or by path: the same input, the same artifact

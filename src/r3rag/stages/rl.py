@@ -6,8 +6,9 @@ Each process rolls out its share of every step's prompts through the environment
 `env_mask`, so retrieved tokens get no loss. The reward is a weighted sum of named
 components (em, f1, cover, format, search_r1_format, judge, relevance, r3rag: see
 `r3rag.rl.rewards` for the formulas); every component is logged each step, weight 0 = logged
-only. Starts from an SFT policy artifact, or from any transformers model (`model=`, the
-Search-R1 recipe: RL from a base model). The GRPO, rollout, dev-evaluation and checkpoint
+only. Starts from an SFT policy artifact, an RL one (`policy=rl:<id>` or its directory: a run
+continued from another's published policy, as a long run's links are), or from any transformers
+model (`model=`, the Search-R1 recipe: RL from a base model). The GRPO, rollout, dev-evaluation and checkpoint
 settings are typed in r3rag.rl.settings (`GRPOSettings`, which Config extends), beside the
 code that builds the trainer; the questions' keys (world, questions, split, limit) are the
 `QuestionSource` every stage shares.
@@ -109,6 +110,16 @@ class Config(GRPOSettings, QuestionSource):  # r3rag.rl.settings; world, questio
     threads: int = unhashed(0)  # CPU threads for torch (0 = torch's default)
 
 
+def policy_stage(ref: str) -> str:
+    """The stage the starting policy comes from: `rl` for an RL artifact (`rl:latest`, `rl:<id>` or
+    its directory: a run continued from where another ended, as a long run's links are), else `sft`."""
+    if ref.startswith("rl:") and not Path(ref).exists():
+        return "rl"
+    if Path(ref).is_dir() and (load_manifest(Path(ref)) or {}).get("stage") == "rl":
+        return "rl"
+    return "sft"
+
+
 def validate(cfg: Config) -> None:
     check_settings(cfg)
 
@@ -118,8 +129,9 @@ def run(cfg: Config, ctx: Context):
     skip = {"index"} if is_url(cfg.retriever) else set()
     skip |= {"policy"} if cfg.model else set()
     skip |= {"world"} if cfg.questions else set()
-    inputs = resolve_inputs(cfg, {k: v for k, v in INPUTS.items() if k not in skip}, ctx)
-    writer = ctx.writer("rl", cfg, inputs, add_model_input(cfg.model, inputs, INPUTS, ctx))
+    fields = {**INPUTS, "policy": policy_stage(cfg.policy)}
+    inputs = resolve_inputs(cfg, {k: v for k, v in fields.items() if k not in skip}, ctx)
+    writer = ctx.writer("rl", cfg, inputs, add_model_input(cfg.model, inputs, fields, ctx))
     if writer.existing:
         return ctx.skipped(writer)
     cfg = dataclasses.replace(cfg, model=model_location(cfg.model, inputs))  # a model artifact's model/
