@@ -38,7 +38,8 @@ def _rl_artifact(root, name, steps, policy, metrics=None, dev=None):
     path.mkdir(parents=True)
     lines = [{"step": s, "reward": s / 10, **({"dev/em": dev[s]} if s in (dev or {}) else {})} for s in steps]
     (path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    manifest = {"inputs": {"policy": {"id": policy[1], "stage": policy[0]}}, "metrics": metrics or {}}
+    manifest = {"stage": "rl", "content_hash": "-", "inputs": {"policy": {"id": policy[1], "stage": policy[0]}}}
+    manifest["metrics"] = metrics or {}
     (path / "manifest.json").write_text(json.dumps(manifest))
     return path
 
@@ -69,7 +70,8 @@ def test_a_run_started_from_an_earlier_runs_best_step_continues_from_that_step(t
 def _eval_artifact(root, name, rl_id, split, em, n):
     path = root / "eval" / name
     path.mkdir(parents=True)
-    manifest = {"config": {"split": split}, "inputs": {"rl": {"id": rl_id, "stage": "rl"}}}
+    manifest = {"stage": "eval", "content_hash": "-", "config": {"split": split}}
+    manifest["inputs"] = {"rl": {"id": rl_id, "stage": "rl"}}
     (path / "manifest.json").write_text(json.dumps(manifest))
     (path / "metrics.json").write_text(json.dumps({"systems": {"rl": {"em": em, "n": n}}}))
 

@@ -171,20 +171,16 @@ def sampling_stats(batch: dict, gather) -> tuple[float, ...]:
         ratios.mean() if ratios.numel() else zero,
         ratios.max() if ratios.numel() else zero,
     ]
+    from trl.trainer.utils import nanmax, nanmin
+
     everyone = [gather(v.reshape(1)) for v in local]
     return (
         everyone[0].mean().item(),
         everyone[1].max().item(),
-        _nan_reduce(everyone[2], torch.min),
+        nanmin(everyone[2]).item(),
         everyone[3].nanmean().item(),
-        _nan_reduce(everyone[4], torch.max),
+        nanmax(everyone[4]).item(),
     )
-
-
-def _nan_reduce(values: torch.Tensor, reduce) -> float:
-    """TRL's nanmin/nanmax: NaNs left out, NaN when all are."""
-    kept = values[~torch.isnan(values)]
-    return reduce(kept).item() if kept.numel() else math.nan
 
 
 def _score(trainer, batch: dict, model) -> torch.Tensor:

@@ -101,20 +101,29 @@ def plot_curves(curves: dict[str, dict[str, list[dict]]], png: Path, title: str 
     return True
 
 
-def run_curve(rl_dir: Path, upto: int | None = None) -> list[dict]:
-    """Training reward per step and dev EM where it was evaluated, up to its own step `upto`
-    where given: in training (metrics.jsonl's `dev/em`), else by a dev eval of the published
-    policy (an eval artifact beside it in the runs dir, at the kept step). A run whose policy was
-    another RL artifact's continues that run's curve up to the step whose weights it started from
-    (that run's kept step: its last, or its best on dev), its own steps offset by it; its dev EM
-    before its first step (the manifest's `start_dev_em`) fills that step's where none is there."""
-    manifest = _manifest(rl_dir)
-    own = _own_points(rl_dir, manifest, upto)
+def run_curve(rl_dir: Path) -> list[dict]:
+    """Training reward per step and dev EM where it was evaluated: in training (metrics.jsonl's
+    `dev/em`), else by a dev eval of the published policy (an eval artifact beside it in the runs
+    dir, at the kept step). A run whose policy was another RL artifact's continues that run's curve
+    up to the step whose weights it started from (that run's kept step: its last, or its best on
+    dev), its own steps offset by it; its dev EM before its first step (the manifest's
+    `start_dev_em`) fills that step's where none is there."""
+    from r3rag.core.artifacts import load_manifest
+
+    return _chain(rl_dir, load_manifest(rl_dir) or {}, None, _dev_eval_ems(rl_dir.parent.parent))
+
+
+def _chain(rl_dir: Path, manifest: dict, upto: int | None, dev_ems: dict[str, float]) -> list[dict]:
+    """run_curve of `rl_dir` (its manifest given), its own steps up to `upto` where given."""
+    from r3rag.core.artifacts import load_manifest
+
+    own = _own_points(rl_dir, manifest, upto, dev_ems.get(rl_dir.name))
     policy = (manifest.get("inputs") or {}).get("policy") or {}
     parent = rl_dir.parent / str(policy.get("id"))
-    if policy.get("stage") != "rl" or not parent.is_dir():
+    parent_manifest = load_manifest(parent) if policy.get("stage") == "rl" else None
+    if parent_manifest is None:
         return own
-    earlier = run_curve(parent, (_manifest(parent).get("metrics") or {}).get("kept_step"))
+    earlier = _chain(parent, parent_manifest, (parent_manifest.get("metrics") or {}).get("kept_step"), dev_ems)
     offset = earlier[-1]["step"] if earlier else 0
     start_em = (manifest.get("metrics") or {}).get("start_dev_em")
     if start_em is not None and earlier and "dev_em" not in earlier[-1]:
@@ -122,13 +131,13 @@ def run_curve(rl_dir: Path, upto: int | None = None) -> list[dict]:
     return earlier + [{**r, "step": r["step"] + offset} for r in own]
 
 
-def _own_points(rl_dir: Path, manifest: dict, upto: int | None) -> list[dict]:
-    """The run's own steps (up to `upto`): reward, and dev EM from training or its dev eval."""
+def _own_points(rl_dir: Path, manifest: dict, upto: int | None, evaluated: float | None) -> list[dict]:
+    """The run's own steps (up to `upto`): reward, and dev EM from training or its dev eval (`evaluated`)."""
     from r3rag.util.jsonl import read_jsonl
 
     metrics = rl_dir / "metrics.jsonl"
     rows = read_jsonl(metrics, allow_empty=True) if metrics.is_file() else []
-    kept, evaluated = (manifest.get("metrics") or {}).get("kept_step"), _dev_eval_em(rl_dir)
+    kept = (manifest.get("metrics") or {}).get("kept_step")
     points = []
     for r in rows:
         if upto is not None and r["step"] > upto:
@@ -142,23 +151,18 @@ def _own_points(rl_dir: Path, manifest: dict, upto: int | None) -> list[dict]:
     return points
 
 
-def _dev_eval_em(rl_dir: Path) -> float | None:
-    """EM of the RL artifact's policy on the dev split, by the eval artifact (runs/eval/*) that
-    scored it on the most dev questions; None where none did."""
-    best: tuple[int, float] | None = None
-    for path in sorted((rl_dir.parent.parent / "eval").glob("*/manifest.json")):
-        manifest = json.loads(path.read_text())
-        scored = path.parent / "metrics.json"
-        if (manifest.get("config") or {}).get("split") != "dev" or not scored.is_file():
-            continue
-        if ((manifest.get("inputs") or {}).get("rl") or {}).get("id") != rl_dir.name:
+def _dev_eval_ems(runs_dir: Path) -> dict[str, float]:
+    """{rl artifact id: EM of its policy on the dev split}, by the eval artifact that scored it on
+    the most dev questions; read once for a whole chain."""
+    from r3rag.core.artifacts import list_artifacts
+
+    best: dict[str, tuple[int, float]] = {}
+    for ev in list_artifacts(runs_dir, "eval"):
+        rl_id = ((ev.manifest.get("inputs") or {}).get("rl") or {}).get("id")
+        scored = ev.path / "metrics.json"
+        if not rl_id or (ev.manifest.get("config") or {}).get("split") != "dev" or not scored.is_file():
             continue
         rl = json.loads(scored.read_text()).get("systems", {}).get("rl")
-        if rl and (best is None or rl.get("n", 0) > best[0]):
-            best = (rl.get("n", 0), rl["em"])
-    return best[1] if best else None
-
-
-def _manifest(artifact: Path) -> dict:
-    path = artifact / "manifest.json"
-    return json.loads(path.read_text()) if path.is_file() else {}
+        if rl and (rl_id not in best or rl.get("n", 0) > best[rl_id][0]):
+            best[rl_id] = (rl.get("n", 0), rl["em"])
+    return {rl_id: em for rl_id, (_, em) in best.items()}
